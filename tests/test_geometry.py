@@ -1,0 +1,254 @@
+"""Every geometry against its definition in GEOMETRY.md: optimality and duality of the LMO, the
+mean-normalized operator norm it claims to be, orientation, scale invariance and zero handling."""
+
+import math
+
+import pytest
+import torch
+
+from moga.geometry import INF, Col, Embedding, Row, Sign, Spectral, Vector, parse_geometry
+from moga.layout import Layout
+
+torch.set_default_dtype(torch.float64)
+
+GEOMETRIES = [
+    *(Row(p) for p in (1, 1.5, 2, 2.5, 4, INF)),
+    *(Col(q) for q in (1, 1.5, 2, 2.5, INF)),
+    Sign(),
+    Spectral(method="svd"),
+    *(Embedding(q) for q in (1, 2, 3, INF)),
+    Vector(),
+]
+# (stored shape, layout): a Linear, an Embedding stored (vocab, d), a Conv2d kernel, a stack of matrices.
+CASES = [((5, 7), "oi"), ((9, 4), "io"), ((4, 3, 2, 2), "oiii"), ((3, 4, 6), "boi")]
+
+
+def ids(g):
+    return str(g)
+
+
+def random_directions(shape, count, gen):
+    """Gaussian, sparse and sign-pattern directions: feasible points of every unit ball after scaling."""
+    out = []
+    for k in range(count):
+        d = torch.randn(shape, generator=gen)
+        if k % 3 == 1:
+            d = d * (torch.rand(shape, generator=gen) < 0.2)
+        elif k % 3 == 2:
+            d = torch.sign(d)
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=ids)
+@pytest.mark.parametrize("shape,layout", CASES)
+def test_lmo_is_unit_optimal_and_dual(geom, shape, layout):
+    gen = torch.Generator().manual_seed(hash((str(geom), shape)) % 2**31)
+    g = torch.randn(shape, generator=gen)
+    d_star = geom.lmo(g, layout)
+    assert d_star.shape == g.shape
+    assert geom.norm(d_star, layout).item() == pytest.approx(1.0, rel=1e-9)
+    best = torch.sum(g * d_star).item()
+    assert best == pytest.approx(-geom.dual_norm(g, layout).item(), rel=1e-9)
+    # No other unit-norm direction does better: random ones, and small perturbations of D* itself.
+    for d in random_directions(shape, 60, gen):
+        n = geom.norm(d, layout)
+        if n > 0:
+            assert torch.sum(g * d / n).item() >= best - 1e-9
+    for _ in range(30):
+        d = d_star + 1e-3 * torch.randn(shape, generator=gen)
+        assert torch.sum(g * d / geom.norm(d, layout)).item() >= best - 1e-9
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=ids)
+def test_lmo_is_scale_invariant(geom):
+    g = torch.randn(6, 5)
+    for c in (1e-4, 3.7, 1e5):
+        torch.testing.assert_close(geom.lmo(c * g), geom.lmo(g))
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=ids)
+@pytest.mark.parametrize("shape,layout", CASES)
+def test_zero_rows_columns_and_matrices_give_zero_not_nan(geom, shape, layout):
+    zero = torch.zeros(shape)
+    assert torch.equal(geom.lmo(zero, layout), zero)
+    g = torch.randn(shape)
+    lay = Layout(layout)
+    g.select(lay.out_dims[0], 0).zero_()  # one row of the logical matrix
+    g.select(lay.in_dims[-1], 1).zero_()  # one column
+    d = geom.lmo(g, layout)
+    assert torch.isfinite(d).all()
+    assert geom.norm(d, layout).item() == pytest.approx(1.0)
+    if isinstance(geom, (Row, Col, Sign, Vector)):  # local geometries leave zero entries untouched
+        assert torch.all(d[g == 0] == 0)
+
+
+def test_float32_extreme_magnitudes_stay_finite():
+    for geom in (Row(1.5), Row(2), Row(2.5), Col(2), Col(3), Embedding(1.5), Embedding(2)):
+        for scale in (1e-30, 1e30):
+            g = torch.randn(8, 16, dtype=torch.float32) * scale
+            d = geom.lmo(g)
+            assert torch.isfinite(d).all()
+            assert geom.norm(d.double()).item() == pytest.approx(1.0, rel=1e-4)
+
+
+# --- the norms are GEOMETRY.md's mean-normalized operator norms --------------------------------------
+
+
+def mean_norm(x, p):
+    """||x||_(p,mean) over the last axis; p = 'l1' is the plain l1 norm of the embedding row."""
+    if p == "l1":
+        return x.abs().sum(-1)
+    if p == INF:
+        return x.abs().amax(-1)
+    return x.abs().pow(p).mean(-1).pow(1 / p)
+
+
+def operator_pair(geom):
+    """(input norm, output norm) whose induced operator norm the geometry claims to be."""
+    if isinstance(geom, Embedding):
+        return "l1", geom.q
+    if isinstance(geom, Row):
+        return geom.p, INF
+    if isinstance(geom, Col):
+        return 1, geom.q
+    if isinstance(geom, Sign):
+        return 1, INF
+    if isinstance(geom, Spectral):
+        return 2, 2
+    raise AssertionError(geom)
+
+
+def maximizer(geom, d):
+    """An input x that attains the operator norm (from the closed forms in GEOMETRY.md)."""
+    from moga.geometry import dual_exponent, phi
+
+    if isinstance(geom, Row):  # the row with the largest l_{p*} norm, paired with its l_p dual vector
+        q = dual_exponent(geom.p)
+        r = torch.linalg.vector_norm(d, ord=q, dim=1).argmax()
+        return phi(d[r], q, (0,))
+    if isinstance(geom, (Col, Sign, Embedding)):  # a one-hot input on the largest column
+        q = INF if isinstance(geom, Sign) else geom.q
+        c = torch.linalg.vector_norm(d, ord=q, dim=0).argmax()
+        return torch.nn.functional.one_hot(c, d.shape[1]).to(d.dtype)
+    u, s, vh = torch.linalg.svd(d)
+    return vh[0]
+
+
+@pytest.mark.parametrize("geom", [g for g in GEOMETRIES if g.matrix], ids=ids)
+@pytest.mark.parametrize("m,n", [(3, 8), (8, 3), (6, 6)])
+def test_norm_is_the_mean_normalized_operator_norm(geom, m, n):
+    p_in, q_out = operator_pair(geom)
+    d = torch.randn(m, n)
+    claimed = geom.norm(d).item()
+    x = torch.randn(4000, n) * (torch.rand(4000, n) < 0.5)
+    x = x[mean_norm(x, p_in) > 0]
+    ratios = mean_norm(x @ d.T, q_out) / mean_norm(x, p_in)
+    assert ratios.max().item() <= claimed * (1 + 1e-9)
+    x_star = maximizer(geom, d)
+    attained = (mean_norm(d @ x_star, q_out) / mean_norm(x_star, p_in)).item()
+    assert attained == pytest.approx(claimed, rel=1e-9)
+
+
+# --- orientation -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=ids)
+def test_embedding_layout_is_the_transpose(geom):
+    w = torch.randn(11, 4)  # (vocab, d)
+    torch.testing.assert_close(geom.lmo(w, "io"), geom.lmo(w.T.contiguous(), "oi").T)
+    torch.testing.assert_close(geom.norm(w, "io"), geom.norm(w.T.contiguous(), "oi"))
+    torch.testing.assert_close(geom.dual_norm(w, "io"), geom.dual_norm(w.T.contiguous(), "oi"))
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=ids)
+def test_conv_kernel_is_out_by_in_times_kernel(geom):
+    w = torch.randn(4, 3, 3, 2)
+    flat = w.reshape(4, -1)
+    torch.testing.assert_close(geom.lmo(w, "oiii"), geom.lmo(flat, "oi").reshape(w.shape))
+    torch.testing.assert_close(geom.dual_norm(w, "oiii"), geom.dual_norm(flat, "oi"))
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=ids)
+def test_stacks_are_independent_matrices_in_the_block_norm(geom):
+    w = torch.randn(3, 5, 4)
+    per = [w[k] for k in range(3)]
+    torch.testing.assert_close(geom.lmo(w, "boi"), torch.stack([geom.lmo(x) for x in per]))
+    torch.testing.assert_close(geom.norm(w, "boi"), torch.stack([geom.norm(x) for x in per]).max())
+    torch.testing.assert_close(geom.dual_norm(w, "boi"), torch.stack([geom.dual_norm(x) for x in per]).sum())
+
+
+def test_orientation_errors_say_what_to_pass():
+    with pytest.raises(ValueError, match="layout="):
+        Row(2).lmo(torch.randn(2, 3, 4))
+    with pytest.raises(ValueError, match="3 axes"):
+        Row(2).lmo(torch.randn(2, 3), "boi")
+    with pytest.raises(ValueError, match="letters"):
+        Layout("ox")
+
+
+# --- special cases named in GEOMETRY.md ----------------------------------------------------------------
+
+
+def test_sign_is_row1_and_col_inf():
+    g = torch.randn(5, 9)
+    torch.testing.assert_close(Sign().lmo(g), Row(1).lmo(g))
+    torch.testing.assert_close(Sign().lmo(g), Col(INF).lmo(g))
+    torch.testing.assert_close(Sign().lmo(g), -torch.sign(g) / 9)
+
+
+def test_closed_forms():
+    g = torch.randn(6, 10)
+    m, n = g.shape
+    torch.testing.assert_close(Row(2).lmo(g), -g / g.norm(dim=1, keepdim=True) / math.sqrt(n))
+    torch.testing.assert_close(Col(2).lmo(g), -g / g.norm(dim=0, keepdim=True) * math.sqrt(m) / n)
+    torch.testing.assert_close(Embedding(2).lmo(g), -g / g.norm(dim=0, keepdim=True) * math.sqrt(m))
+    u, s, vh = torch.linalg.svd(g, full_matrices=False)
+    torch.testing.assert_close(Spectral(method="svd").lmo(g), -math.sqrt(m / n) * u @ vh)
+    torch.testing.assert_close(Spectral(method="svd", scale="torch").lmo(g), -1.0 * u @ vh)
+    torch.testing.assert_close(Spectral(method="svd").dual_norm(g), math.sqrt(m / n) * s.sum())
+
+
+def test_sign_scale_marks_the_sign_geometries():
+    shape = (4, 8)
+    assert Sign().sign_scale(shape) == pytest.approx(1 / 8)
+    assert Row(1).sign_scale(shape) == pytest.approx(1 / 8)
+    assert Col(INF).sign_scale(shape) == pytest.approx(1 / 8)
+    assert Embedding(INF).sign_scale((8, 4), "io") == 1.0
+    assert Vector().sign_scale((7,)) == 1.0
+    assert Row(2).sign_scale(shape) is None and Spectral().sign_scale(shape) is None
+
+
+# --- specs and bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES + [Spectral(steps=7, dtype="float64")], ids=ids)
+def test_spec_round_trip(geom):
+    assert parse_geometry(str(geom)) == geom
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("row(p=0.5)", ">= 1"),
+        ("col(q=nan)", ">= 1"),
+        ("row(p=-2)", ">= 1"),
+        ("embedding(q=0)", ">= 1"),
+        ("rows(2)", "unknown geometry"),
+        ("row(r=2)", "row takes: p"),
+        ("spectral(method=qr)", "newton_schulz"),
+        ("spectral(steps=0)", "positive integer"),
+        ("row(2", "cannot parse"),
+    ],
+)
+def test_bad_specs_are_clear_errors(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_geometry(spec)
+
+
+def test_newton_schulz_handles_tiny_and_huge_gradients():
+    for scale in (1e-30, 1e30):
+        g = torch.randn(8, 16, dtype=torch.float32) * scale
+        d = Spectral().lmo(g)
+        assert torch.isfinite(d).all()
+        assert Spectral(method="svd").norm(d.double()).item() == pytest.approx(1.0, abs=0.3)
