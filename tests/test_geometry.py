@@ -252,3 +252,14 @@ def test_newton_schulz_handles_tiny_and_huge_gradients():
         d = Spectral().lmo(g)
         assert torch.isfinite(d).all()
         assert Spectral(method="svd").norm(d.double()).item() == pytest.approx(1.0, abs=0.3)
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=ids)
+@pytest.mark.parametrize("shape,layout", CASES)
+def test_fused_apply_equals_the_reference_lmo(geom, shape, layout):
+    g = torch.randn(shape)
+    g.select(Layout(layout).out_dims[0], 1).zero_()
+    w = torch.randn(shape)
+    fused = w.clone()
+    geom.apply_lmo_(fused, g, 0.3, layout)
+    torch.testing.assert_close(fused, w + 0.3 * geom.lmo(g, layout))

@@ -85,6 +85,20 @@ def _argmax_sign(g: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return out.permute([(keep + list(dims)).index(d) for d in range(g.ndim)])
 
 
+def _apply_normalized_(param: torch.Tensor, g: torch.Tensor, p: float, dims: tuple[int, ...], c: float) -> None:
+    """``param += c * phi_p(g)`` along ``dims`` with one pass over param for p in {1, 2} and no LMO temporary."""
+    if p == 1:
+        param.add_(torch.sign(g), alpha=c)
+    elif p == 2:
+        param.addcmul_(g, _safe_reciprocal(lp_norm(g, 2, dims)), value=c)
+    elif p == INF:
+        param.add_(_argmax_sign(g, dims), alpha=c)
+    else:
+        norm = lp_norm(g, p, dims)
+        t = (g.abs() * _safe_reciprocal(norm)).pow_(p - 1).copysign_(g)
+        param.add_(t, alpha=c)
+
+
 class Geometry:
     """A norm on one parameter, with its dual norm and linear minimisation oracle.
 
@@ -107,6 +121,11 @@ class Geometry:
     def sign_scale(self, shape, layout: str | Layout | None = None) -> float | None:
         """c when the LMO is ``-c * sign(G)``, else None. Rescaled AdamW swaps sign(G) for Adam's direction."""
         return None
+
+    def apply_lmo_(self, param: torch.Tensor, g: torch.Tensor, alpha: float, layout=None) -> None:
+        """``param += alpha * lmo(g)`` in place. Geometries override it with fused kernels that skip the
+        temporary LMO tensor; this plain form is the reference they are tested against."""
+        param.add_(self.lmo(g, layout), alpha=alpha)
 
     def _layout(self, t: torch.Tensor, layout) -> Layout:
         return resolve_layout(layout, t)
@@ -154,6 +173,10 @@ class Row(Geometry):
     def sign_scale(self, shape, layout=None):
         return 1 / _dims(shape, layout)[1] if self.p == 1 else None
 
+    def apply_lmo_(self, param, g, alpha, layout=None):
+        lay = self._layout(g, layout)
+        _apply_normalized_(param, g, self.p, lay.in_dims, -alpha * lay.fan_in(g.shape) ** (-1 / self.p))
+
 
 @dataclass(frozen=True)
 class Col(Geometry):
@@ -183,6 +206,10 @@ class Col(Geometry):
 
     def sign_scale(self, shape, layout=None):
         return 1 / _dims(shape, layout)[1] if self.q == INF else None
+
+    def apply_lmo_(self, param, g, alpha, layout=None):
+        lay = self._layout(g, layout)
+        _apply_normalized_(param, g, dual_exponent(self.q), lay.out_dims, -alpha * self._scale(g.shape, lay))
 
 
 @dataclass(frozen=True)
@@ -216,6 +243,9 @@ class Sign(Geometry):
 
     def lmo(self, g, layout=None):
         return torch.sign(g).mul_(-self.sign_scale(g.shape, self._layout(g, layout)))
+
+    def apply_lmo_(self, param, g, alpha, layout=None):
+        param.add_(torch.sign(g), alpha=-alpha * self.sign_scale(g.shape, self._layout(g, layout)))
 
     def sign_scale(self, shape, layout=None):
         return 1 / _dims(shape, layout)[1]
@@ -293,6 +323,12 @@ class Spectral(Geometry):
         polar = orthogonalize(mat, self.method, self.steps, self.coefficients, self.dtype, self.eps)
         polar = polar.to(g.dtype).mul_(-self.factor(mat.shape[-2], mat.shape[-1]))
         return lay.from_matrix(polar, g.shape)
+
+    def apply_lmo_(self, param, g, alpha, layout=None):
+        lay = self._layout(g, layout)
+        mat = lay.to_matrix(g)
+        polar = orthogonalize(mat, self.method, self.steps, self.coefficients, self.dtype, self.eps)
+        param.add_(lay.from_matrix(polar, g.shape), alpha=-alpha * self.factor(mat.shape[-2], mat.shape[-1]))
 
 
 def _dims(shape, layout) -> tuple[int, int]:

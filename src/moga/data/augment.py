@@ -38,21 +38,25 @@ def random_hflip(x: torch.Tensor, generator: torch.Generator, p: float = 0.5) ->
 
 
 def channel_stats(x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and (population) std of images x [N, C, H, W] in [0, 1] units.
-
-    Accumulated in float64 over chunks: exact enough and never a float copy of the whole set.
-    """
-    c = x.shape[1]
-    total = torch.zeros(c, dtype=torch.float64)
-    total_sq = torch.zeros(c, dtype=torch.float64)
-    for start in range(0, x.shape[0], chunk):
-        part = to_float(x[start:start + chunk]).double().transpose(0, 1).reshape(c, -1)
-        total += part.sum(1)
-        total_sq += part.square().sum(1)
-    count = x.shape[0] * x.shape[2] * x.shape[3]
-    mean = total / count
-    std = (total_sq / count - mean.square()).clamp_min(0).sqrt()
-    return mean.float(), std.float()
+    """Per-channel mean and (population) std of images x [N, C, H, W], in [0, 1] units."""
+    if x.dtype == torch.uint8:  # exact and fast: from a 256-bin histogram per channel
+        values = torch.arange(256, dtype=torch.float64, device=x.device) / 255.0
+        hist = torch.stack([torch.bincount(x[:, c].flatten(), minlength=256) for c in range(x.shape[1])]).double()
+        count = hist.sum(1)
+        mean = (hist * values).sum(1) / count
+        var = (hist * values.square()).sum(1) / count - mean.square()
+    else:  # float64 sums over chunks: never a float64 copy of the whole set
+        c = x.shape[1]
+        total = torch.zeros(c, dtype=torch.float64, device=x.device)
+        total_sq = torch.zeros_like(total)
+        for start in range(0, x.shape[0], chunk):
+            part = x[start:start + chunk].double().transpose(0, 1).reshape(c, -1)
+            total += part.sum(1)
+            total_sq += part.square().sum(1)
+        count = x.shape[0] * x.shape[2] * x.shape[3]
+        mean = total / count
+        var = total_sq / count - mean.square()
+    return mean.float().cpu(), var.clamp_min(0).sqrt().float().cpu()
 
 
 def normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Where data lives: user-given paths first, then environment variables, then known defaults."""
+"""Where data lives: a path the user gives, else an environment variable, else known defaults."""
 
 from __future__ import annotations
 
@@ -14,16 +14,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MOGA_CACHE") or Path.home() / ".cache" / "moga").expanduser()
 
 
-def resolve_path(explicit: str | os.PathLike | None, env_var: str, defaults: list[Path]) -> Path | None:
-    """The explicit path if given (it must exist), else $env_var, else the first default that exists."""
+def resolve_path(explicit: str | os.PathLike | None, env_var: str, defaults: list[Path], hint: str) -> Path:
+    """The explicit path if given, else $env_var, else the first default that exists.
+
+    Raises FileNotFoundError ending with `hint` (how to get the data) when nothing is found.
+    """
     if explicit is not None:
-        path = Path(explicit).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"{path} does not exist")
-        return path
-    if os.environ.get(env_var):
-        path = Path(os.environ[env_var]).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"${env_var} points to {path}, which does not exist")
-        return path
-    return next((p for p in defaults if p.exists()), None)
+        path, origin = Path(explicit).expanduser(), "given path"
+    elif os.environ.get(env_var):
+        path, origin = Path(os.environ[env_var]).expanduser(), f"${env_var}"
+    else:
+        found = next((p for p in defaults if p.exists()), None)
+        if found is None:
+            tried = ", ".join(str(p) for p in defaults) or "none"
+            raise FileNotFoundError(f"no path given, ${env_var} unset, and no default exists (tried: {tried}). {hint}")
+        return found
+    if not path.exists():
+        raise FileNotFoundError(f"{path} ({origin}) does not exist. {hint}")
+    return path

@@ -1,0 +1,253 @@
+"""The one optimizer loop behind MOGA, Muon and rescaled AdamW: each param group names a geometry.
+
+A group's ``update`` is ``"lmo"`` (steepest descent: ``D* = lmo(G)`` on the momentum EMA ``G``) or
+``"adam"`` (Adam's ``m_hat / (sqrt(v_hat) + eps)`` in place of ``sign(G)`` in a sign geometry, with
+that geometry's factor). Every step is ``W <- (1 - lr*wd) W + lr * D*`` (GEOMETRY.md). Geometry,
+layout and update are strings in the group, so they survive ``state_dict`` and ``torch.load``'s
+``weights_only`` mode; nothing is stored on tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from moga.geometry import parse_geometry
+from moga.layout import resolve_layout
+from moga.roles import RolePlan, build_plan
+
+NONFINITE_POLICIES = ("skip", "raise")
+
+
+def check_hyperparameters(h: Mapping) -> None:
+    """Clear errors for values no run should start with."""
+
+    def real(name, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite number, got {v!r}")
+        return v
+
+    if real("lr", h["lr"]) < 0:
+        raise ValueError(f"lr must be >= 0, got {h['lr']}")
+    if not 0 <= real("momentum", h["momentum"]) < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {h['momentum']}")
+    if real("weight_decay", h["weight_decay"]) < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {h['weight_decay']}")
+    betas = h["betas"]
+    if len(betas) != 2 or not all(0 <= real("betas", b) < 1 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    if real("eps", h["eps"]) <= 0:
+        raise ValueError(f"eps must be > 0, got {h['eps']}")
+    if not isinstance(h["nesterov"], bool):
+        raise ValueError(f"nesterov must be True or False, got {h['nesterov']!r}")
+    if h.get("update", "lmo") not in ("lmo", "adam"):
+        raise ValueError(f"update must be 'lmo' or 'adam', got {h['update']!r}")
+
+
+class GeometryOptimizer(Optimizer):
+    """Steepest descent with a geometry per param group.
+
+    ``params`` is an ``nn.Module`` (its role plan is built with ``role_geometries``), a
+    :class:`~moga.roles.RolePlan`, or torch-style params / param groups; a group without a ``geometry``
+    key takes ``geometry`` and ``update``. ``nonfinite="skip"`` skips a step whose gradients hold NaN or inf and
+    counts it in ``skipped_steps``; ``"raise"`` raises ``FloatingPointError``. Either way the weights and
+    optimizer state are left untouched. ``foreach=False`` selects the plain reference path.
+    """
+
+    role_geometries: Mapping[str, str] = {}
+
+    def __init__(
+        self,
+        params,
+        lr: float,
+        momentum: float = 0.9,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        *,
+        geometry: str | None = None,
+        update: str = "lmo",
+        geometries: Mapping[str, str] | None = None,
+        overrides: Mapping | None = None,
+        nonfinite: str = "skip",
+        foreach: bool = True,
+    ):
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        defaults = dict(
+            lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, betas=tuple(betas),
+            eps=eps, geometry=geometry, update=update, layout=None, foreach=foreach,
+        )
+        check_hyperparameters(defaults)
+        self.plan: RolePlan | None = None
+        if isinstance(params, nn.Module):
+            params = build_plan(params, {**self.role_geometries, **(geometries or {})}, overrides)
+        elif geometries or overrides:
+            raise ValueError("geometries= and overrides= apply to a model; pass the nn.Module itself")
+        if isinstance(params, RolePlan):
+            self.plan = params
+            params = params.param_groups()
+        self.nonfinite = nonfinite
+        self.skipped_steps = 0
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        check_hyperparameters(group)
+        if group["geometry"] is None:
+            raise ValueError(
+                "a param group has no geometry: pass geometry='row(p=2)' (or another spec), give each group "
+                "a 'geometry' key, or pass the model itself so that its role plan decides")
+        geometry = parse_geometry(group["geometry"])
+        group["geometry"] = str(geometry)
+        for k, p in enumerate(group["params"]):
+            name = group["names"][k] if "names" in group else f"params[{k}] of shape {tuple(p.shape)}"
+            try:
+                layout = resolve_layout(group["layout"], p) if geometry.matrix else None
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+            if group["update"] == "adam" and geometry.sign_scale(p.shape, layout) is None:
+                raise ValueError(f"{name}: update='adam' needs a sign geometry, not {geometry}")
+
+    # --- stepping ------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._gradients_finite():
+            return loss
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = []
+            for p in params:
+                if p.grad.is_sparse:
+                    raise RuntimeError("moga optimizers do not support sparse gradients")
+                grads.append(p.grad)
+            if group["update"] == "adam":
+                self._adam_step(group, params, grads)
+            else:
+                self._lmo_step(group, params, grads)
+        return loss
+
+    def _lmo_step(self, group, params, grads):
+        geometry = parse_geometry(group["geometry"])
+        lr, momentum, wd, fast = group["lr"], group["momentum"], group["weight_decay"], group["foreach"]
+        directions = grads
+        if momentum > 0:
+            bufs = [self._buffer(p, "momentum_buffer") for p in params]
+            _lerp_(bufs, grads, 1 - momentum, fast)  # the EMA G <- m G + (1 - m) g
+            if group["nesterov"]:
+                directions = [g.lerp(b, momentum) for g, b in zip(grads, bufs)]
+            else:
+                directions = bufs
+        if wd:
+            _mul_(params, 1 - lr * wd, fast)
+        for p, d in zip(params, directions):
+            layout = resolve_layout(group["layout"], p) if geometry.matrix else None
+            if fast:
+                geometry.apply_lmo_(p, d, lr, layout)
+            else:
+                p.add_(geometry.lmo(d, layout), alpha=lr)
+
+    def _adam_step(self, group, params, grads):
+        geometry = parse_geometry(group["geometry"])
+        lr, wd, eps, fast = group["lr"], group["weight_decay"], group["eps"], group["foreach"]
+        beta1, beta2 = group["betas"]
+        states = [self.state[p] for p in params]
+        exp_avgs = [self._buffer(p, "exp_avg") for p in params]
+        exp_avg_sqs = [self._buffer(p, "exp_avg_sq") for p in params]
+        for st in states:
+            st.setdefault("step", torch.tensor(0.0, dtype=torch.float32))
+            st["step"] += 1
+        _lerp_(exp_avgs, grads, 1 - beta1, fast)
+        if fast:
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+        else:
+            for v, g in zip(exp_avg_sqs, grads):
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        if wd:
+            _mul_(params, 1 - lr * wd, fast)
+        # The same expressions as torch.optim.AdamW with lr * c, c the geometry's sign factor.
+        for p, m, v, st in zip(params, exp_avgs, exp_avg_sqs, states):
+            t = st["step"].item()
+            layout = resolve_layout(group["layout"], p) if geometry.matrix else None
+            step_size = lr * geometry.sign_scale(p.shape, layout) / (1 - beta1**t)
+            denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+            p.addcdiv_(m, denom, value=-step_size)
+
+    def _buffer(self, p: torch.Tensor, key: str) -> torch.Tensor:
+        state = self.state[p]
+        if key not in state:
+            state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state[key]
+
+    # --- non-finite gradients ----------------------------------------------------------------------
+
+    def _gradients_finite(self) -> bool:
+        named = [
+            (group["names"][k] if "names" in group else f"group {gi} param {k}", p.grad)
+            for gi, group in enumerate(self.param_groups)
+            for k, p in enumerate(group["params"])
+            if p.grad is not None
+        ]
+        if not named:
+            return True
+        by_device: dict[torch.device, list[int]] = {}
+        for k, (_, g) in enumerate(named):
+            by_device.setdefault(g.device, []).append(k)
+        finite = torch.ones(len(named), dtype=torch.bool)
+        for idx in by_device.values():
+            peaks = torch._foreach_norm([named[k][1] for k in idx], ord=math.inf)  # NaN propagates
+            finite[idx] = torch.isfinite(torch.stack(peaks)).cpu()
+        if bool(finite.all()):
+            return True
+        bad = [named[k][0] for k in range(len(named)) if not finite[k]]
+        message = f"non-finite gradient in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+        if self.nonfinite == "raise":
+            raise FloatingPointError(message + "; weights and optimizer state are unchanged")
+        if self.skipped_steps == 0:
+            warnings.warn(message + "; step skipped (nonfinite='skip'; see skipped_steps)", RuntimeWarning, stacklevel=3)
+        self.skipped_steps += 1
+        return False
+
+    # --- state ---------------------------------------------------------------------------------------
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["skipped_steps"] = self.skipped_steps
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        self.skipped_steps = int(state_dict.pop("skipped_steps", 0))
+        super().load_state_dict(state_dict)
+
+
+def _lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float, fast: bool) -> None:
+    if fast:
+        torch._foreach_lerp_(targets, sources, weight)
+    else:
+        for t, s in zip(targets, sources):
+            t.lerp_(s, weight)
+
+
+def _mul_(tensors: list[torch.Tensor], factor: float, fast: bool) -> None:
+    if fast:
+        torch._foreach_mul_(tensors, factor)
+    else:
+        for t in tensors:
+            t.mul_(factor)
+

@@ -1,0 +1,62 @@
+"""MOGA: row(p) steepest descent on every matrix, the embedding geometry on tables, Adam or sign on vectors."""
+
+from __future__ import annotations
+
+from moga.geometry import parse_geometry
+from moga.optim.base import GeometryOptimizer
+from moga.roles import ADAM_PREFIX, MOGA_GEOMETRIES
+
+MATRIX_ROLES = ("input", "hidden", "readout", "tied", "conv")
+VECTOR_UPDATES = {"adamw": "adam:vector", "sign": "vector"}
+
+
+def role_geometries(matrix: str, embedding: str, vectors: str) -> dict[str, str]:
+    if vectors not in VECTOR_UPDATES:
+        raise ValueError(f"vectors must be one of {sorted(VECTOR_UPDATES)}, got {vectors!r}")
+    for spec in (matrix, embedding):  # fail on p < 1 and the like before looking at any model
+        parse_geometry(spec.removeprefix(ADAM_PREFIX))
+    return {
+        **{role: matrix for role in MATRIX_ROLES},
+        "embedding": embedding,
+        "vector": VECTOR_UPDATES[vectors],
+    }
+
+
+class MOGA(GeometryOptimizer):
+    """Matrix Operator Geometry Aware steepest descent (the width paper).
+
+    One ``lr`` serves every layer: hidden and readout matrices take the ``(p,mean)->inf`` row LMO,
+    embeddings ``1->(q,mean)`` and vectors (biases, norm gains) ``vectors="adamw"`` (Adam's direction) or
+    ``"sign"`` (the l_inf LMO). Momentum is an EMA of gradients, optionally Nesterov; weight decay is
+    decoupled, ``W <- (1 - lr*wd) W + lr * D*``.
+
+    >>> opt = MOGA(model, lr=2**-3)           # role plan from the unmodified model
+    >>> print(opt.plan)                        # what each parameter gets
+    """
+
+    role_geometries = MOGA_GEOMETRIES
+
+    def __init__(
+        self,
+        params,
+        lr: float = 2**-5,
+        momentum: float = 0.9,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        *,
+        p: float = 2.0,
+        embedding_q: float = 2.0,
+        vectors: str = "adamw",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        geometry: str | None = None,
+        geometries=None,
+        overrides=None,
+        nonfinite: str = "skip",
+        foreach: bool = True,
+    ):
+        self.role_geometries = role_geometries(f"row(p={p})", f"embedding(q={embedding_q})", vectors)
+        super().__init__(
+            params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=geometry,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite, foreach=foreach,
+        )

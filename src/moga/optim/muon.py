@@ -1,0 +1,49 @@
+"""Muon as steepest descent in the (2,mean)->(2,mean) geometry (GEOMETRY.md, spectral row)."""
+
+from __future__ import annotations
+
+from moga.optim.base import GeometryOptimizer
+from moga.optim.moga import role_geometries
+from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS
+
+
+class Muon(GeometryOptimizer):
+    """Every matrix takes ``-s(m,n) U V^T`` of its Nesterov momentum, from a Newton-Schulz iteration.
+
+    ``scale="mean"`` is the geometry's ``s = sqrt(fan_out/fan_in)``; ``scale="torch"`` is
+    torch.optim.Muon's ``sqrt(max(1, fan_out/fan_in))``, with which this matches torch.optim.Muon step for
+    step (given ``ns_dtype="bfloat16"``, the dtype torch uses). ``ns_dtype="auto"`` is float32 on CPUs.
+    Embeddings and vectors get MOGA's geometries, so Muon and MOGA differ only on the matrices.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        weight_decay: float = 0.0,
+        *,
+        scale: str = "mean",
+        ns_steps: int = DEFAULT_NS_STEPS,
+        ns_coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
+        ns_dtype: str = "auto",
+        method: str = "newton_schulz",
+        embedding_q: float = 2.0,
+        vectors: str = "adamw",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        geometries=None,
+        overrides=None,
+        nonfinite: str = "skip",
+        foreach: bool = True,
+    ):
+        spectral = (
+            f"spectral(method={method}, steps={int(ns_steps)}, coefficients={tuple(float(c) for c in ns_coefficients)}, "
+            f"dtype={ns_dtype}, scale={scale})"
+        )
+        self.role_geometries = role_geometries(spectral, f"embedding(q={embedding_q})", vectors)
+        super().__init__(
+            params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite, foreach=foreach,
+        )

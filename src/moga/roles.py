@@ -1,0 +1,378 @@
+"""Which parameter plays which role in an unmodified ``nn.Module``, and so which geometry it gets.
+
+``build_plan(model)`` looks at the modules that own each parameter (no model surgery, nothing stored on
+tensors) and returns a :class:`RolePlan`: an inspectable, printable table of parameter, role, layout and
+geometry, with param groups for the optimizers. Roles:
+
+- ``embedding``: ``nn.Embedding`` tables (one-hot inputs), layout ``io``;
+- ``input``: the first dense matrix layer (outside repeated blocks) when it reads the model input;
+- ``hidden``: every other matrix layer, including those in repeated blocks;
+- ``readout``: the last dense matrix layer outside repeated blocks (the head);
+- ``conv``: convolution kernels, as out x (in*kernel);
+- ``tied``: one tensor used as both embedding and head: only by override, since the two roles
+  disagree on orientation and scale;
+- ``vector``: biases, norm gains and any 0-D/1-D parameter.
+
+Anything the rules cannot place (a weight tied between an embedding and a head, a 2-D or 3-D tensor on an
+unknown module) is an error that names the parameter and the override to write, never a silent guess.
+First and last are taken in registration order, or in call order when ``example_inputs`` are given.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from moga.geometry import parse_geometry
+from moga.layout import EMBEDDING, LINEAR, as_layout
+
+ROLES = ("embedding", "input", "hidden", "readout", "tied", "conv", "vector")
+ADAM_PREFIX = "adam:"
+
+# MOGA's defaults (issue 2): row(p=2) for matrices, the embedding geometry for tables, Adam for vectors.
+MOGA_GEOMETRIES: dict[str, str] = {
+    "embedding": "embedding(q=2)",
+    "input": "row(p=2)",
+    "hidden": "row(p=2)",
+    "readout": "row(p=2)",
+    # The head's row(2) norm and the table's embedding(2) norm both normalize each token's d-vector; the
+    # head's is the larger, so its unit ball is the intersection of both balls.
+    "tied": "row(p=2)",
+    "conv": "row(p=2)",
+    "vector": "adam:vector",
+}
+
+
+class PlanError(ValueError):
+    """A parameter the role rules cannot place; the message says which override to give."""
+
+
+@dataclass
+class PlanEntry:
+    name: str
+    param: nn.Parameter = field(repr=False)
+    role: str
+    layout: str | None
+    geometry: str
+    update: str  # "lmo" (steepest descent) or "adam" (Adam's direction in place of sign(G))
+    owner: str  # class name(s) of the owning module(s)
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.param.shape)
+
+    @property
+    def matrix_shape(self) -> tuple[int, int] | None:
+        if self.layout is None:
+            return None
+        lay = as_layout(self.layout)
+        return lay.fan_out(self.shape), lay.fan_in(self.shape)
+
+
+class RolePlan:
+    """The role and geometry of every distinct parameter tensor of a model."""
+
+    def __init__(self, entries: list[PlanEntry]):
+        self.entries = entries
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, name: str) -> PlanEntry:
+        for e in self.entries:
+            if name == e.name or name in e.aliases:
+                return e
+        raise KeyError(name)
+
+    def roles(self) -> dict[str, str]:
+        return {e.name: e.role for e in self.entries}
+
+    def param_groups(self, **defaults) -> list[dict]:
+        """One group per (role, geometry, update, layout), in model order; ``defaults`` go in every group."""
+        groups: dict[tuple, dict] = {}
+        for e in self.entries:
+            key = (e.role, e.geometry, e.update, e.layout)
+            if key not in groups:
+                groups[key] = {
+                    "params": [], "names": [], "role": e.role, "geometry": e.geometry,
+                    "update": e.update, "layout": e.layout, **defaults,
+                }
+            groups[key]["params"].append(e.param)
+            groups[key]["names"].append(e.name)
+        return list(groups.values())
+
+    def rows(self) -> list[dict]:
+        return [
+            {
+                "name": e.name, "shape": list(e.shape), "role": e.role, "layout": e.layout,
+                "matrix": list(e.matrix_shape) if e.matrix_shape else None,
+                "geometry": e.geometry, "update": e.update, "owner": e.owner, "aliases": list(e.aliases),
+            }
+            for e in self.entries
+        ]
+
+    def __str__(self) -> str:
+        header = ("parameter", "shape", "role", "m x n", "geometry", "update")
+        body = []
+        for e in self.entries:
+            name = e.name + (f" (= {', '.join(e.aliases)})" if e.aliases else "")
+            mn = "x".join(map(str, e.matrix_shape)) if e.matrix_shape else "-"
+            body.append((name, "x".join(map(str, e.shape)) or "scalar", e.role, mn, e.geometry, e.update))
+        widths = [max(len(r[k]) for r in [header, *body]) for k in range(len(header))]
+        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+        counts = {}
+        for e in self.entries:
+            counts[e.role] = counts.get(e.role, 0) + e.param.numel()
+        total = sum(counts.values())
+        summary = ", ".join(f"{r} {n:,}" for r, n in counts.items())
+        return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, body),
+                          f"{len(self.entries)} tensors, {total:,} parameters ({summary})"])
+
+    __repr__ = __str__
+
+
+# --- what a module's own parameter is ------------------------------------------------------------------
+
+
+def _usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[str, str | None] | None:
+    """(kind, layout) of parameter ``pname`` directly owned by ``module``; None when unknown."""
+    if p.ndim <= 1:
+        return "vector", None
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and pname == "weight":
+        return "embedding", EMBEDDING
+    if isinstance(module, nn.Linear) and pname == "weight":
+        return "linear", LINEAR
+    if isinstance(module, nn.modules.conv._ConvTransposeNd) and pname == "weight":
+        return "conv", "io" + "i" * (p.ndim - 2)  # (in, out/groups, *kernel)
+    if isinstance(module, nn.modules.conv._ConvNd) and pname == "weight":
+        return "conv", "o" + "i" * (p.ndim - 1)  # (out, in/groups, *kernel)
+    if isinstance(module, nn.MultiheadAttention) and pname.endswith("proj_weight") and p.ndim == 2:
+        return "linear", LINEAR  # in_proj_weight stacks q, k, v as rows of one (3E, E) matrix
+    if type(module).__name__ == "Conv1D" and pname == "weight" and p.ndim == 2:
+        return "linear", EMBEDDING  # Hugging Face's Conv1D stores (in, out) and computes x @ W
+    return None
+
+
+@dataclass(eq=False)
+class _Param:
+    param: nn.Parameter
+    names: list[str] = field(default_factory=list)
+    owners: list[tuple[str, nn.Module, str]] = field(default_factory=list)  # (module name, module, pname)
+
+
+def _collect(model: nn.Module) -> list[_Param]:
+    by_id: dict[int, _Param] = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        for pname, p in module.named_parameters(recurse=False):
+            if p is None:
+                continue
+            entry = by_id.setdefault(id(p), _Param(p))
+            full = f"{mname}.{pname}" if mname else pname
+            if full not in entry.names:
+                entry.names.append(full)
+            entry.owners.append((mname, module, pname))
+    return list(by_id.values())
+
+
+def _in_repeated_block(model: nn.Module, module_name: str) -> bool:
+    """True inside a ModuleList/ModuleDict, or inside one of several sibling blocks of the same class."""
+    parts = module_name.split(".") if module_name else []
+    modules = dict(model.named_modules(remove_duplicate=False))
+    for depth in range(len(parts) - 1):  # ancestors strictly above the owning module
+        parent = modules[".".join(parts[:depth])] if depth else model
+        child = modules[".".join(parts[: depth + 1])]
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            return True
+        if isinstance(child, nn.Sequential):
+            continue  # a plain container says nothing; its children are looked at next
+        if sum(type(c) is type(child) for c in parent.children()) > 1:
+            return True
+    return False
+
+
+def _call_order(model: nn.Module, example_inputs) -> dict[int, int]:
+    order: dict[int, int] = {}
+
+    def record(module, args):  # returns None, so the inputs pass unchanged
+        order.setdefault(id(module), len(order))
+
+    hooks = [
+        m.register_forward_pre_hook(record)
+        for m in model.modules() if any(True for _ in m.parameters(recurse=False))
+    ]
+    try:
+        with torch.no_grad():
+            inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+            model(*inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return order
+
+
+# --- building the plan ---------------------------------------------------------------------------------
+
+
+def build_plan(
+    model: nn.Module,
+    geometries: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str | Mapping] | None = None,
+    example_inputs=None,
+) -> RolePlan:
+    """The role plan of ``model``.
+
+    ``geometries`` maps role -> geometry spec (``MOGA_GEOMETRIES`` by default; a spec prefixed ``adam:``
+    uses Adam's direction in place of that sign geometry's ``sign(G)``). ``overrides`` maps parameter-name
+    glob patterns to a role (``"hidden"``), a role and layout (``"hidden:boi"``), or a dict with any of
+    ``role``, ``layout``, ``geometry``.
+    """
+    geoms = {**MOGA_GEOMETRIES, **(geometries or {})}
+    unknown = set(geoms) - set(ROLES)
+    if unknown:
+        raise PlanError(f"unknown role(s) {sorted(unknown)} in geometries; roles are {', '.join(ROLES)}")
+    for spec in geoms.values():  # a bad spec fails before any parameter is looked at
+        parse_geometry(spec.removeprefix(ADAM_PREFIX))
+    rules = _parse_overrides(overrides or {})
+    used_rules: set[str] = set()
+    params = _collect(model)
+    order = _call_order(model, example_inputs) if example_inputs is not None else None
+
+    kinds: dict[int, tuple[str, str | None]] = {}
+    pending: list[PlanError] = []
+    for item in params:
+        usages = {u for (_, mod, pname) in item.owners if (u := _usage(mod, pname, item.param)) is not None}
+        override = _match(rules, item.names, used_rules)
+        if override is not None and override.get("role"):
+            continue  # decided below, whatever the modules say
+        if len(usages) == 1:
+            kinds[id(item.param)] = next(iter(usages))
+        elif not usages:
+            owner = ", ".join(sorted({type(m).__name__ for _, m, _ in item.owners}))
+            pending.append(PlanError(
+                f"cannot orient parameter {item.names[0]!r} of shape {tuple(item.param.shape)} on {owner}: "
+                f"name its role and layout, e.g. overrides={{{item.names[0]!r}: 'hidden:{_guess_layout(item.param)}'}} "
+                "(layout letters: o fan_out, i fan_in, b batch)"))
+        else:
+            kinds_seen = sorted(k for k, _ in usages)
+            where = ", ".join(f"{n} ({type(m).__name__})" for n, m, _ in item.owners)
+            pending.append(PlanError(
+                f"parameter {item.names[0]!r} is shared as {' and '.join(kinds_seen)} by {where}. Say how to "
+                f"update it: overrides={{{item.names[0]!r}: 'tied'}} (the head's row geometry: the intersection "
+                "of both unit balls), or 'embedding' / 'readout'"))
+    if pending:
+        raise pending[0]
+
+    # First and last dense layers outside repeated blocks are the input and the readout.
+    registered = {id(it.param): k for k, it in enumerate(params)}
+
+    def position(item: _Param) -> int:
+        if order is None:
+            return registered[id(item.param)]
+        return min((order.get(id(m), 10**9) for _, m, _ in item.owners), default=10**9)
+
+    matrices = sorted((it for it in params if kinds.get(id(it.param), ("vector",))[0] != "vector"), key=position)
+    edge: dict[int, str] = {}
+    if matrices:
+        first, last = matrices[0], matrices[-1]
+        outside = lambda it: not any(_in_repeated_block(model, n) for n, _, _ in it.owners)  # noqa: E731
+        if kinds[id(last.param)][0] == "linear" and outside(last):
+            edge[id(last.param)] = "readout"
+        if kinds[id(first.param)][0] == "linear" and outside(first) and first is not last:
+            edge[id(first.param)] = "input"
+
+    entries = []
+    for item in params:
+        override = _match(rules, item.names, set()) or {}
+        kind, layout = kinds.get(id(item.param), (None, None))
+        role = override.get("role") or {
+            "vector": "vector", "embedding": "embedding", "conv": "conv",
+        }.get(kind) or edge.get(id(item.param), "hidden")
+        layout = override.get("layout", layout if kind != "vector" else None)
+        if override.get("role"):
+            layout = override.get("layout") or _layout_for_role(item, role)
+        spec = override.get("geometry") or geoms[role]
+        entries.append(_entry(item, role, layout, spec))
+    missing = set(rules) - used_rules
+    if missing:
+        names = [n for it in params for n in it.names][:8]
+        raise PlanError(f"override pattern(s) {sorted(missing)} match no parameter; names look like {names}")
+    return RolePlan(entries)
+
+
+def _layout_for_role(item: _Param, role: str) -> str | None:
+    """The layout an overridden role implies, from how the tensor's owners use it."""
+    if role == "vector":
+        return None
+    usages = {u for (_, mod, pname) in item.owners if (u := _usage(mod, pname, item.param)) is not None}
+    by_kind = dict(usages)
+    if role == "embedding" and "embedding" in by_kind:
+        return by_kind["embedding"]
+    if role in ("tied", "readout", "hidden", "input") and "linear" in by_kind:
+        return by_kind["linear"]
+    if "conv" in by_kind:
+        return by_kind["conv"]
+    if len(usages) == 1 and next(iter(usages))[1] is not None:
+        return next(iter(usages))[1]
+    raise PlanError(
+        f"parameter {item.names[0]!r} of shape {tuple(item.param.shape)} needs a layout for role {role!r}: "
+        f"write overrides={{{item.names[0]!r}: '{role}:{_guess_layout(item.param)}'}}")
+
+
+def _entry(item: _Param, role: str, layout: str | None, spec: str) -> PlanEntry:
+    update = "lmo"
+    if spec.startswith(ADAM_PREFIX):
+        update, spec = "adam", spec[len(ADAM_PREFIX):]
+    geometry = parse_geometry(spec)
+    name = item.names[0]
+    if geometry.matrix:
+        if layout is None:
+            raise PlanError(f"{name!r} ({role}) has no fan_out/fan_in layout for the matrix geometry {geometry}; "
+                            f"give it one, e.g. overrides={{{name!r}: {{'layout': 'oi'}}}}, or use 'vector'")
+        as_layout(layout).check(item.param.shape)
+    if update == "adam" and geometry.sign_scale(item.param.shape, layout) is None:
+        raise PlanError(f"'adam:' needs a sign geometry (sign, row(p=1), col(q=inf), embedding(q=inf), vector), "
+                        f"not {geometry} (for {name!r})")
+    owner = "/".join(sorted({type(m).__name__ for _, m, _ in item.owners}))
+    return PlanEntry(name, item.param, role, layout, str(geometry), update, owner, tuple(item.names[1:]))
+
+
+def _guess_layout(p: torch.Tensor) -> str:
+    return "b" * (p.ndim - 2) + "oi" if p.ndim >= 2 else ""
+
+
+def _parse_overrides(overrides: Mapping[str, str | Mapping]) -> dict[str, dict]:
+    rules = {}
+    for pattern, value in overrides.items():
+        if isinstance(value, str):
+            role, _, layout = value.partition(":")
+            rule = {"role": role, **({"layout": layout} if layout else {})}
+        elif isinstance(value, Mapping):
+            rule = dict(value)
+            bad = set(rule) - {"role", "layout", "geometry"}
+            if bad:
+                raise PlanError(f"override {pattern!r}: unknown key(s) {sorted(bad)}; use role, layout, geometry")
+        else:
+            raise PlanError(f"override {pattern!r} must be a role string or a dict, got {type(value).__name__}")
+        if "role" in rule and rule["role"] not in ROLES:
+            raise PlanError(f"override {pattern!r}: unknown role {rule['role']!r}; roles are {', '.join(ROLES)}")
+        if rule.get("layout"):
+            as_layout(rule["layout"])
+        rules[pattern] = rule
+    return rules
+
+
+def _match(rules: dict[str, dict], names: Iterable[str], used: set[str]) -> dict | None:
+    found = None
+    for pattern, rule in rules.items():
+        if any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            used.add(pattern)
+            found = rule if found is None else {**found, **rule}
+    return found

@@ -1,0 +1,62 @@
+"""Rescaled AdamW is muP's Adam: torch.optim.AdamW with lr/fan_in on hidden and output matrices."""
+
+import pytest
+import torch
+from torch import nn
+
+from moga.optim import ScaledAdamW
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=20, width=24):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.hidden = nn.Linear(width, 2 * width)
+        self.out_proj = nn.Linear(2 * width, width)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        h = h + self.out_proj(torch.tanh(self.hidden(h)))
+        return self.head(self.norm(h))
+
+
+def mup_adam_groups(model, lr, wd):
+    """muP's Adam rule (Tensor Programs V, Table 3), written out directly: hidden and output weights
+    take lr/fan_in; embeddings, biases and gains take lr. Decay is rescaled so lr*wd is the same."""
+    groups = []
+    for name, p in model.named_parameters():
+        if p.ndim == 2 and not name.startswith("embed"):
+            scale = 1 / p.shape[1]
+        else:
+            scale = 1.0
+        groups.append({"params": [p], "lr": lr * scale, "weight_decay": wd / scale})
+    return groups
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_equals_mup_adam(wd):
+    torch.manual_seed(0)
+    ours, ref = TinyLM(), TinyLM()
+    ref.load_state_dict(ours.state_dict())
+    opt = ScaledAdamW(ours, lr=0.05, weight_decay=wd)
+    ref_opt = torch.optim.AdamW(mup_adam_groups(ref, 0.05, wd), betas=(0.9, 0.999), eps=1e-8, foreach=False)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(8):
+        tokens = torch.randint(0, 20, (4, 7), generator=gen)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+            o.step()
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_plan_puts_the_factor_on_matrices_only():
+    opt = ScaledAdamW(TinyLM())
+    by_role = {e.role: (e.geometry, e.update) for e in opt.plan}
+    assert by_role["hidden"] == ("sign", "adam")
+    assert by_role["readout"] == ("sign", "adam")
+    assert by_role["embedding"] == ("embedding(q=inf)", "adam")
+    assert by_role["vector"] == ("vector", "adam")

@@ -1,0 +1,236 @@
+"""The optimizer shell: torch.optim conventions, the step rule, exact resume, bad input."""
+
+import io
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from moga.geometry import parse_geometry
+from moga.optim import MOGA, GeometryOptimizer, Muon, ScaledAdamW
+
+from .tinynet import TINY_OVERRIDES, TinyNet, tiny_loss
+
+FACTORIES = {
+    "moga-row-p2": lambda m, **kw: MOGA(m, lr=0.05, overrides=TINY_OVERRIDES, **kw),
+    "moga-row-p1.5-nesterov-wd": lambda m, **kw: MOGA(m, lr=0.05, p=1.5, nesterov=True, weight_decay=0.1,
+                                                      overrides=TINY_OVERRIDES, **kw),
+    "moga-row-p2.5-sign-vectors": lambda m, **kw: MOGA(m, lr=0.05, p=2.5, vectors="sign", overrides=TINY_OVERRIDES, **kw),
+    "moga-col-q2": lambda m, **kw: MOGA(m, lr=0.05, geometries={"hidden": "col(q=2)", "readout": "col(q=2)"},
+                                        overrides=TINY_OVERRIDES, **kw),
+    "moga-sign": lambda m, **kw: MOGA(m, lr=0.05, geometries={"hidden": "sign", "conv": "sign"},
+                                      overrides=TINY_OVERRIDES, **kw),
+    "muon": lambda m, **kw: Muon(m, lr=0.05, weight_decay=0.01, overrides=TINY_OVERRIDES, **kw),
+    "adamw-scaled": lambda m, **kw: ScaledAdamW(m, lr=0.05, weight_decay=0.01, overrides=TINY_OVERRIDES, **kw),
+}
+
+
+def train(model, opt, steps, first_seed=0):
+    for s in range(steps):
+        opt.zero_grad()
+        tiny_loss(model, first_seed + s).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_fast_path_equals_reference_path(name):
+    torch.manual_seed(0)
+    fast_model = TinyNet()
+    ref_model = TinyNet()
+    ref_model.load_state_dict(fast_model.state_dict())
+    fast = FACTORIES[name](fast_model)
+    ref = FACTORIES[name](ref_model, foreach=False)
+    train(fast_model, fast, 5)
+    train(ref_model, ref, 5)
+    for a, b in zip(fast_model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_resume_from_state_dict_is_bitwise(name, tmp_path):
+    torch.manual_seed(0)
+    straight = TinyNet()
+    start = {k: v.clone() for k, v in straight.state_dict().items()}
+    opt = FACTORIES[name](straight)
+    train(straight, opt, 6)
+
+    first = TinyNet()
+    first.load_state_dict(start)
+    opt = FACTORIES[name](first)
+    train(first, opt, 3)
+    torch.save({"model": first.state_dict(), "optim": opt.state_dict()}, tmp_path / "ckpt.pt")
+
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)  # plain data only
+    resumed = TinyNet()
+    resumed.load_state_dict(checkpoint["model"])
+    opt = FACTORIES[name](resumed)
+    opt.load_state_dict(checkpoint["optim"])
+    train(resumed, opt, 3, first_seed=3)
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_state_dict_is_keyed_by_index(tiny):
+    opt = MOGA(tiny, overrides=TINY_OVERRIDES)
+    train(tiny, opt, 1)
+    state = opt.state_dict()
+    n_params = sum(len(g["params"]) for g in opt.param_groups)
+    assert sorted(state["state"]) == list(range(n_params))
+    assert all(isinstance(g["geometry"], str) for g in state["param_groups"])
+
+
+def updates_of(model, opt, closure_seed=0):
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    tiny_loss(model, closure_seed).backward()
+    opt.step()
+    return {id(p): p.detach() - b for p, b in zip(model.parameters(), before)}
+
+
+def test_each_layer_moves_by_exactly_lr_in_its_own_geometry(tiny):
+    opt = MOGA(tiny, lr=0.03, vectors="sign", overrides=TINY_OVERRIDES)
+    deltas = updates_of(tiny, opt)
+    for group in opt.param_groups:
+        geometry = parse_geometry(group["geometry"])
+        for p in group["params"]:
+            layout = group["layout"] if geometry.matrix else None
+            assert geometry.norm(deltas[id(p)], layout).item() == pytest.approx(0.03, rel=1e-5)
+
+
+def test_weight_decay_is_decoupled(tiny):
+    opt = MOGA(tiny, lr=0.1, momentum=0.0, weight_decay=0.5, vectors="sign", overrides=TINY_OVERRIDES)
+    before = {id(p): p.detach().clone() for p in tiny.parameters()}
+    opt.zero_grad()
+    tiny_loss(tiny).backward()
+    grads = {id(p): p.grad.clone() for p in tiny.parameters()}
+    opt.step()
+    for group in opt.param_groups:
+        geometry = parse_geometry(group["geometry"])
+        for p in group["params"]:
+            layout = group["layout"] if geometry.matrix else None
+            expected = (1 - 0.1 * 0.5) * before[id(p)] + 0.1 * geometry.lmo(grads[id(p)], layout)
+            torch.testing.assert_close(p.detach(), expected)
+
+
+def test_momentum_is_an_ema_and_nesterov_looks_ahead():
+    w = nn.Parameter(torch.zeros(3, 4))
+    g1, g2 = torch.randn(3, 4), torch.randn(3, 4)
+    for nesterov in (False, True):
+        w.data.zero_()
+        opt = MOGA([w], lr=1.0, momentum=0.8, nesterov=nesterov, geometry="row(p=2)")
+        for g in (g1, g2):
+            w.grad = g.clone()
+            before = w.detach().clone()
+            opt.step()
+        buf = 0.8 * (0.2 * g1) + 0.2 * g2
+        direction = g2.lerp(buf, 0.8) if nesterov else buf
+        torch.testing.assert_close(w.detach() - before, parse_geometry("row(p=2)").lmo(direction))
+
+
+def test_closure_and_param_groups():
+    a = nn.Parameter(torch.randn(4, 6))
+    b = nn.Parameter(torch.randn(5))
+    opt = MOGA([{"params": [a], "geometry": "col(q=2)"}], lr=0.1)
+    opt.add_param_group({"params": [b], "geometry": "vector", "lr": 0.01})
+    assert [g["geometry"] for g in opt.param_groups] == ["col(q=2)", "vector"]
+
+    def closure():
+        opt.zero_grad()
+        loss = (a.sum() - 1) ** 2 + (b**2).sum()
+        loss.backward()
+        return loss
+
+    b_before = b.detach().clone()
+    loss = opt.step(closure)
+    assert loss.item() > 0
+    assert (b.detach() - b_before).abs().max().item() == pytest.approx(0.01)
+
+
+def test_schedulers_drive_the_step_size(tiny):
+    opt = MOGA(tiny, lr=0.1, vectors="sign", overrides=TINY_OVERRIDES)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4, eta_min=0.01)
+    hidden = next(g for g in opt.param_groups if g["role"] == "hidden" and g["layout"] == "oi")
+    geometry = parse_geometry(hidden["geometry"])
+    for step in range(4):
+        lr = opt.param_groups[0]["lr"]
+        assert lr == pytest.approx(0.01 + 0.09 * (1 + math.cos(math.pi * step / 4)) / 2)
+        deltas = updates_of(tiny, opt, step)
+        assert geometry.norm(deltas[id(hidden["params"][0])]).item() == pytest.approx(lr, rel=1e-5)
+        sched.step()
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda m: MOGA(m, lr=-1.0), "lr must be >= 0"),
+        (lambda m: MOGA(m, lr=float("nan")), "lr must be a finite number"),
+        (lambda m: MOGA(m, momentum=1.0), "momentum must be in"),
+        (lambda m: MOGA(m, momentum=-0.1), "momentum must be in"),
+        (lambda m: MOGA(m, p=0.5), ">= 1"),
+        (lambda m: MOGA(m, embedding_q=float("nan")), ">= 1"),
+        (lambda m: MOGA(m, weight_decay=-1e-3), "weight_decay"),
+        (lambda m: MOGA(m, betas=(0.9, 1.0)), "betas"),
+        (lambda m: MOGA(m, eps=0.0), "eps"),
+        (lambda m: MOGA(m, vectors="lion"), "vectors must be one of"),
+        (lambda m: MOGA(m, nonfinite="ignore"), "nonfinite must be one of"),
+        (lambda m: MOGA(m, geometries={"hiden": "row(p=2)"}), "unknown role"),
+        (lambda m: MOGA(m, geometries={"hidden": "spectral(scale=wide)"}), "scale must be"),
+        (lambda m: MOGA(list(m.parameters())), "no geometry"),
+        (lambda m: MOGA([m.experts], geometry="row(p=2)"), "layout="),
+        (lambda m: ScaledAdamW([m.hidden.weight], geometries={"hidden": "row(p=2)"}), "pass the nn.Module"),
+        (lambda m: GeometryOptimizer([m.hidden.weight], lr=0.1, geometry="row(p=2)", update="adam"), "sign geometry"),
+    ],
+)
+def test_bad_hyperparameters_are_clear_errors(tiny, make, match):
+    with pytest.raises(ValueError, match=match):
+        make(tiny)
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_nonfinite_gradients_skip_the_step_and_touch_nothing(name, tiny):
+    opt = FACTORIES[name](tiny)
+    train(tiny, opt, 2)
+    params = [p.detach().clone() for p in tiny.parameters()]
+    state = {k: {n: v.clone() for n, v in s.items()} for k, s in opt.state_dict()["state"].items()}
+    opt.zero_grad()
+    tiny_loss(tiny).backward()
+    tiny.hidden.weight.grad[0, 0] = float("nan")
+    tiny.embed.weight.grad[1, 1] = float("inf")
+    with pytest.warns(RuntimeWarning, match="non-finite gradient in 2 tensor"):
+        opt.step()
+    assert opt.skipped_steps == 1
+    for a, b in zip(tiny.parameters(), params):
+        assert torch.equal(a, b)
+    for k, s in opt.state_dict()["state"].items():
+        for n, v in s.items():
+            assert torch.equal(v, state[k][n])
+    assert opt.state_dict()["skipped_steps"] == 1
+
+
+def test_nonfinite_gradients_can_raise(tiny):
+    opt = MOGA(tiny, nonfinite="raise", overrides=TINY_OVERRIDES)
+    before = [p.detach().clone() for p in tiny.parameters()]
+    opt.zero_grad()
+    tiny_loss(tiny).backward()
+    tiny.head.weight.grad.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="head.weight"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(tiny.parameters(), before))
+
+
+def test_skipped_steps_survive_a_resume(tiny):
+    opt = MOGA(tiny, overrides=TINY_OVERRIDES)
+    opt.zero_grad()
+    tiny_loss(tiny).backward()
+    tiny.head.bias.grad.fill_(float("nan"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt.step()
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    fresh = MOGA(tiny, overrides=TINY_OVERRIDES)
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert fresh.skipped_steps == 1

@@ -1,0 +1,148 @@
+"""Role plans of unmodified models, overrides, and the errors that replace silent guesses."""
+
+import pytest
+import torch
+from torch import nn
+
+from moga.roles import PlanError, build_plan
+
+
+def test_mlp_roles_and_table():
+    mlp = nn.Sequential(nn.Linear(10, 32), nn.GELU(), nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 3))
+    plan = build_plan(mlp)
+    assert plan.roles() == {
+        "0.weight": "input", "0.bias": "vector", "2.weight": "hidden", "2.bias": "vector",
+        "3.weight": "vector", "3.bias": "vector", "4.weight": "readout", "4.bias": "vector",
+    }
+    text = str(plan)
+    assert "4.weight" in text and "readout" in text and "row(p=2)" in text and "3x32" in text
+    groups = plan.param_groups(lr=0.1)
+    assert {g["role"] for g in groups} == {"input", "hidden", "readout", "vector"}
+    assert all(g["lr"] == 0.1 for g in groups)
+    assert sum(len(g["params"]) for g in groups) == 8
+
+
+def test_transformer_encoder_layers_are_hidden():
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 3, enable_nested_tensor=False)
+    plan = build_plan(enc)
+    matrices = {e.name: e for e in plan if e.role != "vector"}
+    assert len(matrices) == 12 and all(e.role == "hidden" for e in matrices.values())
+    assert matrices["layers.0.self_attn.in_proj_weight"].matrix_shape == (48, 16)
+    assert matrices["layers.2.linear2.weight"].matrix_shape == (16, 32)
+
+
+def test_conv_layouts():
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ConvTranspose2d(8, 4, 2), nn.Flatten(), nn.LazyLinear(5))
+    net(torch.zeros(1, 3, 8, 8))  # materialize the lazy layer
+    plan = build_plan(net)
+    assert plan["0.weight"].role == "conv" and plan["0.weight"].layout == "oiii"
+    assert plan["0.weight"].matrix_shape == (8, 27)
+    assert plan["1.weight"].layout == "ioii" and plan["1.weight"].matrix_shape == (4, 32)
+    assert plan["3.weight"].role == "readout"
+
+
+def test_embeddings_are_transposed_tables():
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 8), nn.Linear(8, 50))
+    e = build_plan(model)["0.weight"]
+    assert (e.role, e.layout, e.matrix_shape, e.geometry) == ("embedding", "io", (8, 50), "embedding(q=2)")
+
+
+class TiedLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(30, 8)
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.lm_head = nn.Linear(8, 30, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, t):
+        h = self.wte(t)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.lm_head(h)
+
+
+def test_tied_weight_is_an_error_that_names_the_override():
+    with pytest.raises(PlanError, match=r"overrides=\{'wte.weight': 'tied'\}"):
+        build_plan(TiedLM())
+    plan = build_plan(TiedLM(), overrides={"wte.weight": "tied"})
+    tied = plan["lm_head.weight"]
+    assert tied.name == "wte.weight" and tied.aliases == ("lm_head.weight",)
+    assert (tied.role, tied.layout, tied.matrix_shape) == ("tied", "oi", (30, 8))
+    assert len(plan) == 5  # one entry for the shared tensor
+    as_embedding = build_plan(TiedLM(), overrides={"lm_head.weight": "embedding"})["wte.weight"]
+    assert (as_embedding.role, as_embedding.layout) == ("embedding", "io")
+
+
+class Experts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(8, 4)
+        self.w = nn.Parameter(torch.randn(4, 16, 8))
+        self.out = nn.Linear(16, 2)
+
+
+def test_unorientable_tensor_is_an_error_and_an_override_fixes_it():
+    with pytest.raises(PlanError, match=r"cannot orient parameter 'w' of shape \(4, 16, 8\).*'hidden:boi'"):
+        build_plan(Experts())
+    plan = build_plan(Experts(), overrides={"w": "hidden:boi"})
+    assert plan["w"].matrix_shape == (16, 8) and plan["w"].layout == "boi"
+    with pytest.raises(PlanError, match="needs a layout"):
+        build_plan(Experts(), overrides={"w": "hidden"})
+
+
+def test_override_patterns_geometry_and_mistakes():
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2))
+    plan = build_plan(mlp, overrides={"[12].weight": {"geometry": "col(q=2)"}, "*.bias": {"geometry": "vector"}})
+    assert plan["1.weight"].geometry == "col(q=2)" and plan["2.weight"].geometry == "col(q=2)"
+    assert plan["1.weight"].role == "hidden"
+    assert plan["0.bias"].update == "lmo"
+    with pytest.raises(PlanError, match="match no parameter"):
+        build_plan(mlp, overrides={"blocks.*": "hidden"})
+    with pytest.raises(PlanError, match="unknown role"):
+        build_plan(mlp, overrides={"0.weight": "middle"})
+    with pytest.raises(PlanError, match="unknown key"):
+        build_plan(mlp, overrides={"0.weight": {"rol": "hidden"}})
+    with pytest.raises(PlanError, match="sign geometry"):
+        build_plan(mlp, geometries={"hidden": "adam:row(p=2)"})
+
+
+class HeadFirst(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 3)  # registered before the layer it reads from
+        self.stem = nn.Linear(5, 8)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.stem(x)))
+
+
+def test_call_order_from_example_inputs():
+    by_registration = build_plan(HeadFirst()).roles()
+    assert by_registration["head.weight"] == "input"
+    by_call = build_plan(HeadFirst(), example_inputs=torch.zeros(2, 5)).roles()
+    assert by_call["stem.weight"] == "input" and by_call["head.weight"] == "readout"
+
+
+def test_torchvision_resnet():
+    torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed in this environment")
+    plan = build_plan(torchvision.models.resnet18(num_classes=10))
+    roles = plan.roles()
+    assert roles["conv1.weight"] == "conv" and plan["conv1.weight"].matrix_shape == (64, 147)
+    assert roles["layer1.0.conv1.weight"] == "conv" and roles["layer4.1.bn2.weight"] == "vector"
+    assert roles["fc.weight"] == "readout"
+
+
+def test_hugging_face_gpt2_from_config():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    with pytest.raises(PlanError, match="transformer.wte.weight"):
+        build_plan(model)
+    plan = build_plan(model, overrides={"transformer.wte.weight": "tied"})
+    assert plan["lm_head.weight"].role == "tied"
+    c_fc = plan["transformer.h.0.mlp.c_fc.weight"]  # Conv1D stores (in, out)
+    assert (c_fc.role, c_fc.layout, c_fc.matrix_shape) == ("hidden", "io", (128, 32))
+    assert plan["transformer.wpe.weight"].role == "embedding"
+    assert plan["transformer.h.1.ln_2.bias"].role == "vector"
