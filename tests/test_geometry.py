@@ -9,7 +9,16 @@ import torch
 from moga.geometry import INF, Col, Embedding, Row, Sign, Spectral, Vector, parse_geometry
 from moga.layout import Layout
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def float64_by_default():
+    """Tight tolerances need float64; restored after each test so other modules keep float32."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
 
 GEOMETRIES = [
     *(Row(p) for p in (1, 1.5, 2, 2.5, 4, INF)),

@@ -17,10 +17,10 @@ from .conftest import PER_CLASS
 # ---- official python-pickle batches, written here in their format ---------------------------
 
 
-def dump_batch(path, x, labels, label_key=b"labels", **extra):
+def dump_batch(path, x, labels, label_key=b"labels", extra=None):
     """As the official files: a Python 2 dict with byte-string keys, data as uint8 [N, 3072]."""
     batch = {b"batch_label": b"test batch", label_key: [int(v) for v in labels],
-             b"data": x.reshape(len(x), -1), b"filenames": [b"f%d.png" % i for i in range(len(x))], **extra}
+             b"data": x.reshape(len(x), -1), b"filenames": [b"f%d.png" % i for i in range(len(x))], **(extra or {})}
     with open(path, "wb") as f:
         pickle.dump(batch, f, protocol=2)
 
@@ -62,9 +62,9 @@ def test_cifar100_uses_fine_labels(tmp_path):
     folder.mkdir()
     fine, coarse = np.arange(200) % 100, np.arange(200) % 20
     dump_batch(folder / "train", random_images(200, 1), fine, label_key=b"fine_labels",
-               **{b"coarse_labels": coarse.tolist()})
+               extra={b"coarse_labels": coarse.tolist()})
     dump_batch(folder / "test", random_images(100, 2), np.arange(100), label_key=b"fine_labels",
-               **{b"coarse_labels": (np.arange(100) % 20).tolist()})
+               extra={b"coarse_labels": (np.arange(100) % 20).tolist()})
     data = load_image_dataset("cifar100", root=tmp_path, val_size=0, normalize=None)
     assert data.num_classes == 100 and data.val is None
     assert torch.equal(data.train.y, torch.from_numpy(fine))
@@ -83,24 +83,42 @@ def test_missing_cifar_says_which_formats_work(tmp_path):
         load_cifar10(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="train/<class>"):
         load_cifar10(tmp_path, cache=False)  # exists, but holds neither format
+    (tmp_path / "notes.txt").write_text("not an archive")
+    with pytest.raises(ValueError, match="neither a folder nor a tar"):
+        load_cifar10(tmp_path / "notes.txt", cache=False)
 
 
 # ---- the real JPEG tar ------------------------------------------------------------------------
 
 
-def jpeg_from_tar(tar_path, name):
-    with tarfile.open(tar_path) as tar:
-        member = next(m for m in tar if m.name.lstrip("./") == name)
-        return np.asarray(Image.open(io.BytesIO(tar.extractfile(member).read())).convert("RGB"))
+@pytest.fixture(scope="session")
+def cifar_sample(cifar_tar, tmp_path_factory):
+    """A few JPEGs extracted from the tar under an extra top-level folder: wrapper/<split>/<class>/."""
+    wanted = {f"{s}/{c}/000{i}.jpg" for s in ("train", "test") for c in ("cat", "dog") for i in range(3)}
+    root = tmp_path_factory.mktemp("cifar-sample")
+    with tarfile.open(cifar_tar) as tar:
+        for member in tar:
+            if member.name.lstrip("./") in wanted:
+                path = root / "wrapper" / member.name.lstrip("./")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(tar.extractfile(member).read())
+                wanted.remove(member.name.lstrip("./"))
+    assert not wanted
+    return root / "wrapper"
 
 
-def test_jpeg_tar_subset(cifar_small, cifar_tar):
+def pixels(path):
+    """A JPEG as uint8 [3, H, W], decoded independently of moga."""
+    return np.array(Image.open(path).convert("RGB")).transpose(2, 0, 1)
+
+
+def test_jpeg_tar_subset(cifar_small, cifar_sample):
     assert cifar_small.classes == list(CIFAR10_CLASSES)  # sorted class names = the official order
     assert len(cifar_small.train) + len(cifar_small.val) == 10 * PER_CLASS
     assert torch.bincount(cifar_small.test.y).tolist() == [PER_CLASS] * 10
     assert cifar_small.test.x.dtype == torch.uint8 and cifar_small.image_shape == (3, 32, 32)
     # test images keep class-then-file order: index 3 * PER_CLASS is test/cat/0000.jpg
-    expected = jpeg_from_tar(cifar_tar, "test/cat/0000.jpg").transpose(2, 0, 1)
+    expected = pixels(cifar_sample / "test" / "cat" / "0000.jpg")
     assert torch.equal(cifar_small.test.x[3 * PER_CLASS], torch.from_numpy(expected))
     assert cifar_small.augment and cifar_small.mean is not None
 
@@ -122,17 +140,24 @@ def test_decoded_tree_is_cached(cifar_small, cifar_tar, cifar_cache, monkeypatch
     assert torch.equal(again.train.x, cifar_small.train.x) and torch.equal(again.val.y, cifar_small.val.y)
 
 
-def test_image_folder_tree_matches_the_tar(cifar_tar, tmp_path):
-    wanted = {f"{s}/{c}/000{i}.jpg" for s in ("train", "test") for c in ("cat", "dog") for i in range(3)}
-    with tarfile.open(cifar_tar) as tar:
-        members = [m for m in tar if m.name.lstrip("./") in wanted]
-        tar.extractall(tmp_path / "wrapper", members=members, filter="data")  # extra top-level folder
-    (tmp_path / "wrapper" / "train" / "cat" / ".DS_Store").write_bytes(b"junk")  # ignored
-    splits, classes = decode_image_tree(tmp_path / "wrapper")
+def test_image_folder_tree(cifar_sample):
+    (cifar_sample / "train" / "cat" / "._0000.jpg").write_bytes(b"junk")  # hidden files are ignored
+    splits, classes = decode_image_tree(cifar_sample)
     assert classes == ["cat", "dog"]
     assert splits["train"][0].shape == (6, 3, 32, 32) and splits["train"][1].tolist() == [0, 0, 0, 1, 1, 1]
-    expected = jpeg_from_tar(cifar_tar, "train/dog/0002.jpg").transpose(2, 0, 1)
-    assert np.array_equal(splits["train"][0][5], expected)
+    assert np.array_equal(splits["train"][0][5], pixels(cifar_sample / "train" / "dog" / "0002.jpg"))
+    assert np.array_equal(splits["test"][0][0], pixels(cifar_sample / "test" / "cat" / "0000.jpg"))
+    limited, _ = decode_image_tree(cifar_sample, limit_per_class=1)
+    assert limited["test"][1].tolist() == [0, 1]
+
+
+def test_mismatched_image_sizes_are_an_error(cifar_sample, tmp_path):
+    tree = tmp_path / "tree" / "train" / "cat"
+    tree.mkdir(parents=True)
+    (tree / "a.jpg").write_bytes((cifar_sample / "train" / "cat" / "0000.jpg").read_bytes())
+    Image.new("RGB", (16, 16)).save(tree / "b.png")
+    with pytest.raises(ValueError, match="b.png"):
+        decode_image_tree(tmp_path / "tree")
 
 
 @pytest.mark.slow

@@ -6,21 +6,17 @@ Nothing here downloads. Images: `load_image_dataset("digits" | "fashion-mnist" |
 
 from .augment import channel_stats, normalize, random_crop, random_hflip, to_float
 from .cifar import CIFAR10_CLASSES, decode_image_tree, load_image_tree, read_cifar_pickles
+from .dataset import ImageBatches, ImageDataset, Split, build_image_dataset, split_train_val
 from .idx import read_idx
 from .images import (
     FASHION_MNIST_DIR,
     IMAGE_DATASETS,
     STANDARD_STATS,
-    ImageBatches,
-    ImageDataset,
-    Split,
-    build_image_dataset,
     load_cifar10,
     load_cifar100,
     load_digits,
     load_fashion_mnist,
     load_image_dataset,
-    split_train_val,
 )
 from .paths import cache_dir
 from .sampler import BatchSampler, derive_seed, make_generator

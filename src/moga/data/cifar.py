@@ -130,6 +130,8 @@ def _read_blobs(source: Path) -> dict[tuple[str, str, str], bytes]:
             place = _place(path.relative_to(source).as_posix())
             if place and path.is_file():
                 blobs[(*place, path.name)] = path.read_bytes()
+    elif not tarfile.is_tarfile(source):
+        raise ValueError(f"{source} is neither a folder nor a tar archive of <split>/<class>/ images")
     else:
         # One streaming pass: random access into a .tar.gz would re-inflate from the start.
         with tarfile.open(source, "r:*") as tar:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .paths import DEV_DATA_DIR, resolve_path
-from .tokenizers import GPT2_VOCAB_SIZE, get_tokenizer, tokenizer_from_meta
+from .tokenizers import GPT2_VOCAB_SIZE, get_tokenizer, tokenizer_from_meta, tokenizer_kind
 
 TOKEN_DTYPE = np.uint16  # nanoGPT's choice: every vocabulary used here fits in 16 bits
 SPLITS = ("train", "val")
@@ -61,14 +61,15 @@ def prepare_text(out_dir: str | Path, text_path: str | Path | None = None, token
     Like nanoGPT, the text (not the tokens) is split: its first 90% trains, the rest validates.
     A char tokenizer is fitted to the whole text. The whole text is held in memory.
     """
+    kind = tokenizer_kind(tokenizer)  # check the cheap arguments before reading any text
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     source = resolve_text_corpus(text_path)
     try:
         text = source.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{source} is not UTF-8 text ({e})") from e
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    tok = get_tokenizer(tokenizer, text)
+    tok = get_tokenizer(kind, text)
     if tok.vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
         raise ValueError(f"vocabulary of {tok.vocab_size} does not fit the uint16 token files")
     cut = int(len(text) * (1 - val_fraction))

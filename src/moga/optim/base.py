@@ -210,8 +210,12 @@ class GeometryOptimizer(Optimizer):
             by_device.setdefault(g.device, []).append(k)
         finite = torch.ones(len(named), dtype=torch.bool)
         for idx in by_device.values():
-            peaks = torch._foreach_norm([named[k][1] for k in idx], ord=math.inf)  # NaN propagates
-            finite[idx] = torch.isfinite(torch.stack(peaks)).cpu()
+            # The l2 norm is the cheapest fused reduction and NaN/inf propagate through it; it also
+            # overflows on huge finite values, so those tensors are looked at again with the max norm.
+            norms = torch._foreach_norm([named[k][1] for k in idx])
+            finite[idx] = torch.isfinite(torch.stack(norms)).cpu()
+        for k in torch.nonzero(~finite).flatten().tolist():
+            finite[k] = bool(torch.isfinite(named[k][1]).all())
         if bool(finite.all()):
             return True
         bad = [named[k][0] for k in range(len(named)) if not finite[k]]

@@ -1,0 +1,1 @@
+"""Timed comparisons against torch, measured side by side in one run."""

@@ -1,0 +1,88 @@
+"""Time one optimizer step on GPT-2-small-shaped matrices, ours beside torch's, in one run.
+
+Per block: four 768x768 (attention q, k, v, out), one 3072x768 and one 768x3072 (MLP). The
+optimizers take turns step by step over the same parameters, so machine noise hits all of them alike;
+each reports its median step time and the bytes of its state.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from moga.optim import MOGA, Muon, ScaledAdamW
+
+GPT2_SMALL_BLOCK = [(768, 768)] * 4 + [(3072, 768), (768, 3072)]
+
+OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
+    "torch-adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
+    "torch-adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+    "torch-muon": lambda ps: torch.optim.Muon(ps, lr=1e-3, weight_decay=0.0),
+    "moga-row-p2": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)"),
+    "moga-row-p1.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=1.5)"),
+    "moga-row-p2.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2.5)"),
+    "moga-col-q2": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)"),
+    "moga-sign": lambda ps: MOGA(ps, lr=1e-3, geometry="sign"),
+    "moga-muon": lambda ps: Muon(ps, lr=1e-3),
+    "moga-adamw-scaled": lambda ps: ScaledAdamW(ps, lr=1e-3),
+}
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    return sum(
+        v.numel() * v.element_size()
+        for s in opt.state.values() for v in s.values() if torch.is_tensor(v)
+    )
+
+
+def bench_optimizers(
+    blocks: int = 2, repeats: int = 7, warmup: int = 1, names: list[str] | None = None, seed: int = 0
+) -> list[dict]:
+    names = names or list(OPTIMIZERS)
+    unknown = set(names) - set(OPTIMIZERS)
+    if unknown:
+        raise ValueError(f"unknown optimizer(s) {sorted(unknown)}; known: {', '.join(OPTIMIZERS)}")
+    gen = torch.Generator().manual_seed(seed)
+    shapes = GPT2_SMALL_BLOCK * blocks
+    # Each optimizer gets its own parameters (so no step feeds another's), with the same fixed gradients.
+    grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
+    opts = {}
+    for name in names:
+        params = [torch.nn.Parameter(torch.randn(s, generator=gen) * 0.02) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = g
+        opts[name] = OPTIMIZERS[name](params)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(warmup + repeats):
+        for name, opt in opts.items():  # take turns, so noise is shared
+            start = time.perf_counter()
+            opt.step()
+            elapsed = time.perf_counter() - start
+            if r >= warmup:
+                times[name].append(elapsed * 1e3)
+    n_params = sum(torch.Size(s).numel() for s in shapes)
+    return [
+        {
+            "name": name,
+            "ms": statistics.median(times[name]),
+            "ms_min": min(times[name]),
+            "state_bytes": state_bytes(opts[name]),
+            "params": n_params,
+            "blocks": blocks,
+            "repeats": repeats,
+            "threads": torch.get_num_threads(),
+        }
+        for name in names
+    ]
+
+
+def add_ratios(records: list[dict], baseline: str = "torch-adamw-fused") -> list[dict]:
+    base = next((r for r in records if r["name"] == baseline), None)
+    for r in records:
+        if base is not None:
+            r["ms_vs_adamw_fused"] = r["ms"] / base["ms"]
+            r["state_vs_adamw"] = r["state_bytes"] / max(base["state_bytes"], 1)
+    return records
