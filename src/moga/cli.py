@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+from moga.bench.cli import bench_app
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Geometry-aware optimizers and learning-rate transfer.")
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

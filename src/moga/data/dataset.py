@@ -155,6 +155,8 @@ class ImageBatches:
 
 def split_train_val(num_items: int, val_size: int | float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Sorted (train, val) indices of a random split; val_size is a count or a fraction in (0, 1)."""
+    if isinstance(val_size, float) and not 0 <= val_size < 1:
+        raise ValueError(f"a float val_size is a fraction in [0, 1), got {val_size}")
     n_val = round(val_size * num_items) if isinstance(val_size, float) else int(val_size)
     if not 0 <= n_val < num_items:
         raise ValueError(f"val_size {val_size} leaves no training data out of {num_items} items")
