@@ -146,3 +146,20 @@ def test_hugging_face_gpt2_from_config():
     assert (c_fc.role, c_fc.layout, c_fc.matrix_shape) == ("hidden", "io", (128, 32))
     assert plan["transformer.wpe.weight"].role == "embedding"
     assert plan["transformer.h.1.ln_2.bias"].role == "vector"
+
+
+class NanoGPTLayout(nn.Module):
+    """nanoGPT keeps its input layers in a ModuleDict beside the repeated blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(20, 8), h=nn.ModuleList(nn.Linear(8, 8) for _ in range(3)), proj=nn.Linear(8, 8)))
+        self.lm_head = nn.Linear(8, 20)
+
+
+def test_module_dict_is_a_container_not_a_repeated_block():
+    roles = build_plan(NanoGPTLayout()).roles()
+    assert roles["transformer.h.2.weight"] == "hidden"
+    assert roles["transformer.wte.weight"] == "embedding"
+    assert roles["lm_head.weight"] == "readout"

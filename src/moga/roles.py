@@ -183,16 +183,16 @@ def _collect(model: nn.Module) -> list[_Param]:
 
 
 def _in_repeated_block(model: nn.Module, module_name: str) -> bool:
-    """True inside a ModuleList/ModuleDict, or inside one of several sibling blocks of the same class."""
+    """True inside a ModuleList, or inside one of several sibling blocks of the same class."""
     parts = module_name.split(".") if module_name else []
     modules = dict(model.named_modules(remove_duplicate=False))
     for depth in range(len(parts) - 1):  # ancestors strictly above the owning module
         parent = modules[".".join(parts[:depth])] if depth else model
         child = modules[".".join(parts[: depth + 1])]
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+        if isinstance(child, nn.ModuleList):
             return True
-        if isinstance(child, nn.Sequential):
-            continue  # a plain container says nothing; its children are looked at next
+        if isinstance(child, (nn.Sequential, nn.ModuleDict)):
+            continue  # a plain container (nanoGPT's `transformer` dict) says nothing; its children are looked at next
         if sum(type(c) is type(child) for c in parent.children()) > 1:
             return True
     return False

@@ -1,0 +1,221 @@
+"""Inverse-depth residual scaling as a tool: alpha, foreign models, removal, deepcopy, state_dict."""
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from moga.depth import (
+    ResidualScale,
+    remove_residual_scaling,
+    residual_alpha,
+    residual_blocks,
+    residual_scales,
+    scale_residual_branches,
+)
+from moga.models import ResidualMLP
+
+
+class PlainBlock(nn.Module):
+    """A residual block this library knows nothing about."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width))
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class PlainNet(nn.Module):
+    def __init__(self, width=8, depth=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(PlainBlock(width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def hand_scaled(alpha: float, x: torch.Tensor, depth: int = 4) -> torch.Tensor:
+    """``y_k = y_{k-1} + alpha f_k(y_{k-1})`` written out on an unscaled PlainNet with the same weights."""
+    for layer in PlainNet(depth=depth).layers:
+        x = x + alpha * layer.mlp(layer.norm(x))
+    return x
+
+
+def test_residual_alpha():
+    assert residual_alpha(2) == 1.0  # K = K_base: the tuned reference network itself
+    assert residual_alpha(64) == 2 / 64
+    assert residual_alpha(8, k_base=4) == 0.5
+    assert residual_alpha(8, beta=1) == 1 / 8
+    assert residual_alpha(64, mode="none") == 1.0
+    for kwargs, word in [(dict(depth=0), "depth"), (dict(depth=2.5), "depth"), (dict(depth=True), "depth"),
+                         (dict(depth=4, mode="sqrt"), "mode"), (dict(depth=4, k_base=0), "k_base"),
+                         (dict(depth=4, beta=float("nan")), "beta")]:
+        with pytest.raises(ValueError, match=word):
+            residual_alpha(**kwargs)
+
+
+def test_unknown_blocks_are_an_error_that_says_how_to_name_them():
+    with pytest.raises(ValueError, match=r"branches=\[") as info:
+        scale_residual_branches(PlainNet())
+    assert "residual_branches()" in str(info.value)
+    with pytest.raises(ValueError, match="depth=K"):
+        scale_residual_branches(PlainNet(), branches=["layers.*.mlp"])  # what K counts is the user's to say
+    with pytest.raises(ValueError, match="matches no module"):
+        scale_residual_branches(PlainNet(), 0.5, branches=["blocks.*.mlp"])
+
+
+def test_named_branches_of_a_foreign_model_equal_the_hand_scaled_reference():
+    net, x = PlainNet(depth=4), torch.randn(3, 8)
+    unscaled = net(x)
+    handle = scale_residual_branches(net, branches=["layers.*.mlp"], depth=4)
+    assert handle.alpha == 0.5 and len(handle.branches) == 4
+    # A Sequential branch is scaled at its last module, whose output is the branch's output.
+    assert handle.branches[0] == "layers.0.mlp.2" and isinstance(net.layers[0].mlp[2].residual_scale, ResidualScale)
+    torch.testing.assert_close(net(x), hand_scaled(0.5, x))
+    handle.remove()
+    assert residual_scales(net) == {} and not net.layers[0].mlp[2]._forward_hooks
+    torch.testing.assert_close(net(x), unscaled)
+
+
+def test_alpha_is_set_not_compounded():
+    net, x = PlainNet(), torch.randn(3, 8)
+    scale_residual_branches(net, 0.5, branches=[layer.mlp for layer in net.layers])
+    scale_residual_branches(net, 0.25, branches=["layers.*.mlp"])
+    assert set(residual_scales(net).values()) == {0.25}
+    assert sum(len(layer.mlp[2]._forward_hooks) for layer in net.layers) == 4
+    torch.testing.assert_close(net(x), hand_scaled(0.25, x))
+
+
+def test_tuple_outputs_scale_their_first_element():
+    class Attention(nn.Module):
+        def forward(self, x):
+            return x, torch.ones(2)
+
+    scale = ResidualScale(0.5)
+    out, weights = scale(Attention()(torch.ones(3)))
+    assert torch.equal(out, torch.full((3,), 0.5)) and torch.equal(weights, torch.ones(2))
+
+
+def test_survives_deepcopy_and_removal_on_the_copy():
+    net, x = PlainNet(), torch.randn(3, 8)
+    scale_residual_branches(net, 0.5, branches=["layers.*.mlp"])
+    clone = copy.deepcopy(net)
+    torch.testing.assert_close(clone(x), hand_scaled(0.5, x))
+    scale_residual_branches(clone, 0.1, branches=["layers.*.mlp"])  # the copy has its own scales
+    assert set(residual_scales(net).values()) == {0.5}
+    torch.testing.assert_close(clone(x), hand_scaled(0.1, x))
+    assert len(remove_residual_scaling(clone)) == 4
+    torch.testing.assert_close(clone(x), hand_scaled(1.0, x))
+    torch.testing.assert_close(net(x), hand_scaled(0.5, x))
+
+
+def test_state_dict_carries_alpha_and_parameter_names_are_unchanged():
+    net, x = PlainNet(), torch.randn(3, 8)
+    names = set(net.state_dict())
+    scale_residual_branches(net, 0.5, branches=["layers.*.mlp"])
+    state = net.state_dict()
+    assert {k for k in state if k not in names} == {f"layers.{i}.mlp.2.residual_scale._extra_state" for i in range(4)}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    fresh = PlainNet()
+    scale_residual_branches(fresh, 1.0, branches=["layers.*.mlp"])
+    fresh.load_state_dict(loaded)  # restores the saved alpha, whatever the receiver had
+    assert set(residual_scales(fresh).values()) == {0.5}
+    torch.testing.assert_close(fresh(x), net(x))
+    with pytest.raises(RuntimeError, match="residual_scale"):
+        PlainNet().load_state_dict(loaded)  # an unscaled receiver would compute another function
+
+
+def test_pickled_model_keeps_its_scaling():
+    model, x = ResidualMLP(6, 2, width=8, depth=4, alpha=0.5, seed=0), torch.randn(3, 6)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    torch.testing.assert_close(loaded(x), model(x))
+    assert set(residual_scales(loaded).values()) == {0.5}
+
+
+def test_this_projects_blocks_are_known():
+    model, x = ResidualMLP(6, 2, width=8, depth=8, seed=0), torch.randn(3, 6)
+    assert list(residual_blocks(model)) == [f"blocks.{i}" for i in range(8)]
+    unscaled = model(x)
+    handle = scale_residual_branches(model)  # K = 8 blocks found, alpha = K_base / K
+    assert handle.depth == 8 and handle.alpha == 0.25 and model.alpha == 0.25
+    assert not torch.allclose(model(x), unscaled)
+    handle.remove()
+    torch.testing.assert_close(model(x), unscaled)
+
+
+# --- foreign libraries ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def resnet_module():
+    pytest.importorskip("torchvision", reason="torchvision is not installed in this environment; run "
+                        "tests/test_depth.py with a torch + torchvision environment to check its ResNets",
+                        exc_type=ImportError)
+    from torchvision.models import resnet
+
+    return resnet
+
+
+@pytest.mark.parametrize("block,last", [("BasicBlock", "bn2"), ("Bottleneck", "bn3")])
+def test_torchvision_resnet(resnet_module, block, last):
+    def build():
+        torch.manual_seed(0)
+        return resnet_module.ResNet(getattr(resnet_module, block), [1, 2, 1, 1], num_classes=5).eval()
+
+    model, reference, x = build(), build(), torch.randn(2, 3, 32, 32)
+    handle = scale_residual_branches(model)
+    assert handle.depth == 5 and handle.alpha == 2 / 5
+    assert all(name.endswith(last) for name in handle.branches)  # the branch ends just before out += identity
+    with torch.no_grad():  # hand-scaled: the branch's last BatchNorm times alpha; downsample untouched
+        for m in reference.modules():
+            if isinstance(m, getattr(resnet_module, block)):
+                getattr(m, last).weight.mul_(2 / 5)
+                getattr(m, last).bias.mul_(2 / 5)
+        expected = reference(x)
+        torch.testing.assert_close(model(x), expected)
+        receiver = build()
+        scale_residual_branches(receiver, 1.0)
+        receiver.load_state_dict(model.state_dict())
+        torch.testing.assert_close(receiver(x), expected)
+
+
+def test_hugging_face_gpt2():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install "
+                                       "moga[hf]); it is needed only to check Hugging Face's GPT2Block",
+                                       exc_type=ImportError)
+
+    def build():
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=64, n_positions=16)
+        return transformers.GPT2Model(config).eval()
+
+    model, reference = build(), build()
+    idx = torch.randint(0, 64, (2, 16))
+    handle = scale_residual_branches(model)
+    assert handle.depth == 3 and handle.alpha == 2 / 3  # K counts blocks; both sub-blocks get alpha
+    assert handle.branches == ("h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp", "h.2.attn", "h.2.mlp")
+    with torch.no_grad():
+        for block in reference.h:
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                proj.weight.mul_(2 / 3)
+                proj.bias.mul_(2 / 3)
+        expected = reference(idx).last_hidden_state
+        torch.testing.assert_close(model(idx).last_hidden_state, expected)
+        receiver = build()
+        scale_residual_branches(receiver, 1.0)
+        receiver.load_state_dict(model.state_dict())
+        torch.testing.assert_close(receiver(idx).last_hidden_state, expected)
