@@ -1,0 +1,66 @@
+"""`moga sweep CONFIG`, `moga sweep status DIR`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from moga.sweep.executor import EXECUTORS
+
+
+def sweep(
+    target: str = typer.Argument(..., help="a sweep config (YAML/TOML), or 'status' followed by a sweep directory"),
+    directory: Path = typer.Argument(None, help="with 'status': the sweep directory to show"),
+    out: Path = typer.Option(None, "--out", "-o", help="sweep directory (default: runs/<config name>)"),
+    workers: int = typer.Option(1, "--workers", "-w", min=1, help="worker processes (or Ray tasks)"),
+    executor: str = typer.Option("local", help=f"one of {', '.join(EXECUTORS)}"),
+    ray_address: str = typer.Option(None, help="Ray cluster address (default: start a local Ray)"),
+    retry_failed: bool = typer.Option(False, help="run cells that failed before again"),
+    metric: str = typer.Option("train_loss", help="with 'status': the metric shown in the grid"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
+) -> None:
+    """Run every cell of a learning-rate sweep; re-running resumes it, and several processes can share it.
+
+    Each cell is a training run in DIR/cells/<id>. Finished cells are never run again, unfinished ones
+    resume from their checkpoint, and a killed sweep (even with SIGKILL) loses no finished cell.
+    """
+    from rich.console import Console
+
+    from moga.sweep.results import status_table
+    from moga.sweep.spec import Sweep, SweepError
+    from moga.sweep.store import SweepStore
+
+    console = Console()
+    if target == "status":
+        if directory is None:
+            raise typer.BadParameter("give the sweep directory: moga sweep status DIR")
+        store = SweepStore(directory)
+        try:
+            spec = store.definition()["spec"]
+        except SweepError as e:
+            raise typer.BadParameter(str(e)) from None
+        console.print(status_table(store, spec["lr_key"], metric))
+        return
+    if directory is not None:
+        raise typer.BadParameter(f"unexpected argument {directory}; to show a sweep use: moga sweep status DIR")
+    from moga.sweep.executor import run_sweep
+    from moga.train.config import ConfigError
+
+    try:
+        spec = Sweep.from_file(target)
+    except (SweepError, ConfigError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    out = out or Path("runs") / (spec.spec.name or Path(target).stem)
+    console.print(f"sweep {Path(target).name}: {len(spec.cells)} cells -> {out}")
+    try:
+        counts = run_sweep(spec, out, workers, executor, ray_address, progress=not quiet, retry_failed=retry_failed)
+    except (SweepError, ValueError, RuntimeError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "seconds")
+    console.print(f"done in {counts['seconds']} s: {summary}")
+    if counts.get("failed"):
+        console.print(f"[yellow]{counts['failed']} cell(s) failed; see `moga sweep status {out}` "
+                      "and their errors in the store; --retry-failed runs them again[/yellow]")

@@ -1,0 +1,50 @@
+"""`moga report SWEEP`: the transfer report of a finished (or partly finished) sweep.
+
+Register with ``app.command("report")(report_command)`` in :mod:`moga.cli`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def report_command(
+    sweep: Path = typer.Argument(..., exists=True, help="a sweep directory, or a records file (.jsonl, .json, .csv)"),
+    out: Path = typer.Option(None, "--out", "-o", help="output directory (default: SWEEP/report)"),
+    scale_key: str = typer.Option(None, help="the axis with one curve per value (default: the sweep's scale_key)"),
+    by: list[str] = typer.Option(["optimizer", "scaling"], "--by", help="keys that make a panel (repeat)"),
+    title: str = typer.Option(None, help="report title"),
+    max_drift_steps: int = typer.Option(1, min=0, help="largest drift in grid steps that still transfers"),
+    svg: bool = typer.Option(False, "--svg", help="write SVG figures instead of PDF"),
+) -> None:
+    """Figures (loss vs lr, one curve per scale), optima, drift, regret and a verdict per panel."""
+    from moga.sweep.report.outputs import analyze_metrics, write_outputs
+    from moga.sweep.report.metrics import select_scale
+    from moga.sweep.report.render import print_verdicts
+    from moga.sweep.report.schema import load_records, parse_records
+
+    try:
+        if sweep.is_dir() and (sweep / "sweep.db").is_file():
+            rows, scale_key = _from_store(sweep, scale_key)
+            records = parse_records(rows, scale_key)
+        else:
+            records = load_records(sweep, scale_key)
+        records = select_scale(records, scale_key)
+        summaries = analyze_metrics(records, group_keys=tuple(by), max_drift_steps=max_drift_steps)
+        out = out or (sweep if sweep.is_dir() else sweep.parent) / "report"
+        paths = write_outputs(summaries, records, out, title, tuple(by), ("png", "svg" if svg else "pdf"))
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from None
+    print_verdicts(summaries)
+    typer.echo(f"report: {paths['report.html']}")
+
+
+def _from_store(sweep_dir: Path, scale_key: str | None):
+    """The runner's settled cells, and its scale_key unless one was given."""
+    from moga.sweep.results import records
+    from moga.sweep.store import SweepStore
+
+    store = SweepStore(sweep_dir)
+    return records(store), scale_key or store.definition()["spec"].get("scale_key")

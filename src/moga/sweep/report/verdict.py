@@ -1,0 +1,131 @@
+"""The verdict of a panel, and the plain sentences that state it.
+
+- "transfers": every scale's optimum is inside its lr grid and the grid optima of all scales lie
+  within ``max_drift_steps`` grid steps (``max_drift_log2`` log2 units on a grid that is not
+  log-spaced) of each other.
+- "does not transfer": the drift exceeds that, or, with curves at the grid edge, even the smallest
+  drift consistent with the edges does (the unscaled baseline's optimum often runs off the grid; that
+  is still a clear "no").
+- "no verdict": a curve at the grid edge (or diverged everywhere) leaves the question open, or the
+  panel has one scale. The line says which curve and which way to extend the grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from moga.sweep.report.curves import Curve, Grid
+from moga.sweep.report.metrics import PanelSummary
+from moga.sweep.report.schema import format_lr, scale_label
+
+
+def criterion_text(grid: Grid, max_drift_steps: int, max_drift_log2: float) -> str:
+    if grid.regular and grid.step_log2 is not None:
+        span = f"{_steps(max_drift_steps)} (a factor {2 ** (max_drift_steps * grid.step_log2):.3g} in lr on this grid)"
+    elif grid.regular:
+        span = _steps(max_drift_steps)
+    else:
+        span = f"{max_drift_log2:g} log2 units (the lr grid is not log-spaced, so grid steps are not used)"
+    return f"transfers iff every scale's optimum is inside its lr grid and all grid optima lie within {span}"
+
+
+def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> None:
+    """Fill in ``verdict``, ``verdict_line`` and ``notes`` of a summary."""
+    label = lambda scale: scale_label(s.scale_key, scale)  # noqa: E731
+    span = f"from {label(s.curves[0].scale)} to {label(s.curves[-1].scale)}"
+    problems = [edge_problem(c, label(c.scale)) for c in s.curves if not c.trusted]
+    s.notes = problems + _notes(s, label)
+    regular = s.grid.regular
+    measured = s.drift.steps if regular else s.drift.log2_grid
+    bound = s.drift.steps_at_least if regular else s.drift.log2_at_least
+    limit = max_drift_steps if regular else max_drift_log2
+
+    if len(s.curves) < 2:
+        s.verdict, s.verdict_line = "no verdict", f"no verdict: only one scale ({label(s.curves[0].scale)})"
+        return
+    if not problems and measured <= limit:
+        s.verdict = "transfers"
+        if regular and measured == 0:
+            moves = f"the optimum stays at lr={format_lr(s.curves[0].best_lr)} {span}"
+        elif regular:
+            moves = f"the optimum stays within {_steps(limit)} {span}"
+        else:
+            moves = f"the optimum moves {measured:.2f} log2 units (at most {limit:g}) {span}"
+        s.verdict_line = f"transfers: {moves}{_regret_phrase(s, label, ', ')}"
+    elif bound is not None and bound > limit:
+        s.verdict = "does not transfer"
+        at_least = "at least " if problems else ""
+        amount = _steps(bound) if regular else f"{bound:.2f} log2 units"
+        factor = 2 ** (s.drift.log2_at_least or 0.0)
+        change = f"best lr {_direction(s.curves)} {at_least}{factor:.3g}x"
+        for c in s.curves:
+            if not c.trusted:
+                change += f"; {label(c.scale)} " + ("diverged at every lr" if c.best_lr is None else "off the grid")
+        s.verdict_line = (f"does not transfer: the optimum moves {at_least}{amount} {span} ({change})"
+                          f"{_regret_phrase(s, label, ', ')}")
+    else:
+        s.verdict = "no verdict"
+        s.verdict_line = "no verdict: " + "; ".join(problems)
+
+
+def edge_problem(c: Curve, label: str) -> str:
+    if c.status == "all diverged":
+        return f"{label} diverged at every lr, extend the grid below lr={format_lr(c.lrs[0])}"
+    if c.edge == "both":
+        return f"{label} has a single lr ({format_lr(c.best_lr)}), extend the grid both ways"
+    side, where = ("lower", "below") if c.edge == "lower" else ("upper", "above")
+    return (f"{label}'s optimum is at the {side} edge of its lr grid (lr={format_lr(c.best_lr)}), "
+            f"extend the grid {where} it")
+
+
+def _steps(n: float) -> str:
+    return "one grid step" if n == 1 else f"{n:g} grid steps"
+
+
+def _direction(curves: list[Curve]) -> str:
+    """'rises'/'falls' with scale: sign of the least-squares slope of the grid optima (edges included)."""
+    # a curve that diverged everywhere has its optimum below its smallest lr
+    pts = [(math.log2(c.scale), math.log2(c.best_lr or c.lrs[0])) for c in curves]
+    if len({x for x, _ in pts}) < 2:
+        return "moves"
+    slope = np.polyfit(*zip(*pts), 1)[0]
+    return "rises" if slope > 0 else "falls" if slope < 0 else "moves"
+
+
+def _regret_phrase(s: PanelSummary, label, sep: str) -> str:
+    diverges = [label(r.scale) for r in s.regrets if r.status == "diverges"]
+    ref = label(s.reference_scale)
+    if diverges:
+        return f"{sep}but reusing {ref}'s best lr diverges at {' and '.join(diverges)}"
+    w = s.worst_regret
+    if w is None:
+        why = [f"{label(r.scale)} has no finite loss" if r.status == "no optimum" else
+               f"{ref}'s best lr was not run at {label(r.scale)}" for r in s.regrets if r.status != "reference"]
+        return f"{sep}regret not measured" + (f" ({'; '.join(why)})" if why else "")
+    bound = ">= " if w.lower_bound else ""
+    if w.absolute == 0 and not w.lower_bound:
+        return f"{sep}no regret ({ref}'s best lr is best at every scale where it was run)"
+    value = f"{100 * w.relative:.1f}%" if w.relative is not None else f"{w.absolute:.3g}"
+    return f"{sep}worst regret {bound}{value} ({label(w.scale)})"
+
+
+def _notes(s: PanelSummary, label) -> list[str]:
+    notes = []
+    if not s.grid.regular:
+        gaps = ", ".join(f"{g:.2f}" for g in np.diff(np.log2(s.grid.lrs)))
+        notes.append(f"the lr grid is not log-spaced (log2 gaps {gaps}): drift is judged in log2 units")
+    ref = s.curves[0]
+    if ref.status == "edge":
+        notes.append(f"the reused rate is {label(ref.scale)}'s best grid lr, which is at the grid edge")
+    for c in s.curves:
+        if c.trusted and c.refinement != "parabola":  # edge curves are already explained
+            notes.append(f"{label(c.scale)}: {c.refinement}")
+        for lr, n, d in zip(c.lrs, c.n_seeds, c.n_diverged):
+            if 0 < d < n:
+                notes.append(f"{label(c.scale)}, lr={format_lr(lr)}: {d} of {n} seeds diverged (counted as diverged)")
+    for r in s.regrets:
+        if r.status == "not run":
+            notes.append(f"{label(r.scale)}: the reused lr {format_lr(r.lr)} was not run, no regret")
+    return notes

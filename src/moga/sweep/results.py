@@ -1,0 +1,64 @@
+"""A sweep's cells as records for the report, and as a grid table for `moga sweep status`."""
+
+from __future__ import annotations
+
+import math
+
+from moga.sweep.store import SweepStore
+
+METRICS = ("train_loss", "val_loss", "val_acc", "train_acc", "final_train_loss")
+
+
+def records(store: SweepStore) -> list[dict]:
+    """One flat dict per settled cell: its axis values, status and final metrics (inf when diverged)."""
+    out = []
+    for cell in store.cells():
+        if cell["status"] not in ("finished", "diverged", "skipped"):
+            continue
+        result = cell["result"] or {}
+        rec = {**cell["params"], "cell": cell["id"], "status": cell["status"]}
+        for key in METRICS:
+            if key in result:
+                rec[key] = result[key]
+        if cell["status"] != "finished":
+            rec["train_loss"] = math.inf
+            rec["val_loss"] = math.inf
+        out.append(rec)
+    return out
+
+
+def format_lr(lr: float) -> str:
+    k = math.log2(lr) if lr > 0 else math.nan
+    return f"2^{int(k)}" if math.isfinite(k) and k == int(k) else f"{lr:.3g}"
+
+
+def status_table(store: SweepStore, lr_key: str, metric: str = "train_loss"):
+    """A rich Table: one row per combination of the other axes, one column per learning rate."""
+    from rich.table import Table
+
+    cells = store.cells()
+    lrs = sorted({c["params"][lr_key] for c in cells})
+    row_keys = [k for k in cells[0]["params"] if k != lr_key] if cells else []
+    rows: dict[tuple, dict] = {}
+    for c in cells:
+        key = tuple(c["params"][k] for k in row_keys)
+        rows.setdefault(key, {})[c["params"][lr_key]] = c
+    counts = store.counts()
+    table = Table(title=f"{metric} by {lr_key}  ({', '.join(f'{k} {v}' for k, v in counts.items() if v)})")
+    for k in row_keys:
+        table.add_column(k)
+    for lr in lrs:
+        table.add_column(format_lr(lr), justify="right")
+    for key, by_lr in rows.items():
+        table.add_row(*map(str, key), *(_mark(by_lr.get(lr), metric) for lr in lrs))
+    return table
+
+
+def _mark(cell: dict | None, metric: str) -> str:
+    if cell is None:
+        return ""
+    status = cell["status"]
+    if status == "finished":
+        value = (cell["result"] or {}).get(metric)
+        return f"{value:.4g}" if isinstance(value, (int, float)) else "done"
+    return {"diverged": "div", "skipped": "skip", "running": "run", "pending": "·", "failed": "FAIL"}[status]

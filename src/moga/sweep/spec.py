@@ -1,0 +1,205 @@
+"""A sweep config: a base training config and axes over any of its keys, expanded into cells.
+
+```yaml
+base: residual_mlp.yaml           # a training config (path relative to this file) or an inline mapping
+overrides: {train.steps: 300}     # applied to the base for every cell
+axes:
+  optim.name: [adamw, muon, moga]
+  model.depth: [2, 8, 32]
+  model.depth_scaling: [none, inverse_depth]
+  optim.lr:                       # an axis that depends on another: each optimizer its own lr range
+    by: optim.name
+    values:
+      adamw: {pow2: [-12, -7]}    # 2^-12 ... 2^-7
+      muon: [0.01, 0.02, 0.04]
+      moga: {pow2: [-6, -1]}
+exclude:                          # cells matching every key of an entry are dropped
+  - {optim.name: muon, model.depth: 32}
+scale_key: model.depth            # the axis the report draws one curve per value of
+```
+
+A cell is the dict of its axis values; its id is a hash of that dict, so the same grid always maps to the
+same run directories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from moga.train.config import ConfigError, apply_overrides, build_config, read_config_file
+
+
+class SweepError(ValueError):
+    """A sweep config that cannot run; raised before any cell starts."""
+
+
+class DependentAxis(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    by: str = Field(description="the axis whose value selects this axis' values")
+    values: dict[str, Any] = Field(description="value of `by` -> list of values (or {pow2: [lo, hi]})")
+
+
+class SweepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, description="a label for the sweep")
+    base: str | dict = Field(description="the training config: a file (relative to the sweep file) or a mapping")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="dotted key -> value for every cell")
+    axes: dict[str, list | dict] = Field(description="dotted key -> values, or a dependent axis {by, values}")
+    exclude: list[dict[str, Any]] = Field(default_factory=list, description="cells matching an entry are dropped")
+    scale_key: str = Field("model.depth", description="axis of model scale (one curve per value in the report)")
+    lr_key: str = Field("optim.lr", description="the learning-rate axis (x of the report's figures)")
+    early_stop_diverged: bool = Field(False, description="skip a cell once a smaller lr of its row has diverged")
+    heartbeat_timeout: float = Field(120.0, gt=0, description="seconds without a heartbeat before a claim is retaken")
+
+    @field_validator("axes")
+    @classmethod
+    def _axes_not_empty(cls, axes):
+        if not axes:
+            raise ValueError("a sweep needs at least one axis")
+        return axes
+
+
+def expand_values(values: Any, where: str) -> list:
+    """A list of values, or ``{pow2: [lo, hi]}`` for 2^lo ... 2^hi (integer exponents)."""
+    if isinstance(values, Mapping):
+        if set(values) != {"pow2"} or not isinstance(values["pow2"], list) or len(values["pow2"]) != 2:
+            raise SweepError(f"axis {where}: a range is written {{pow2: [lo, hi]}}, got {dict(values)!r}")
+        lo, hi = values["pow2"]
+        if not (isinstance(lo, int) and isinstance(hi, int)) or lo > hi:
+            raise SweepError(f"axis {where}: pow2 needs integers lo <= hi, got {values['pow2']!r}")
+        return [2.0**k for k in range(lo, hi + 1)]
+    if not isinstance(values, list):
+        raise SweepError(f"axis {where}: values must be a list, got {type(values).__name__}")
+    if not values:
+        raise SweepError(f"axis {where} is empty: give it at least one value")
+    if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+        raise SweepError(f"axis {where} repeats a value: {values!r}")
+    return list(values)
+
+
+def cell_id(params: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(dict(params), sort_keys=True).encode()).hexdigest()[:12]
+
+
+class Sweep:
+    """A validated sweep: its spec, base config and the expanded, ordered cells."""
+
+    def __init__(self, spec: SweepSpec, base: dict, source: Path | None = None):
+        self.spec = spec
+        self.base = base
+        self.source = source
+        self.cells = self._expand()
+        self._validate_cells()
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Sweep":
+        path = Path(path)
+        data = read_config_file(path)
+        return cls.from_dict(data, path.parent, source=path)
+
+    @classmethod
+    def from_dict(cls, data: Mapping, root: Path | None = None, source: Path | None = None) -> "Sweep":
+        try:
+            spec = SweepSpec.model_validate(dict(data))
+        except ValidationError as e:
+            lines = []
+            for err in e.errors():
+                loc = ".".join(str(x) for x in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    lines.append(f"unknown sweep key {loc!r}; valid keys: {', '.join(SweepSpec.model_fields)}")
+                else:
+                    lines.append(f"{loc}: {err['msg']}")
+            raise SweepError("invalid sweep config:\n  " + "\n  ".join(lines)) from None
+        if isinstance(spec.base, str):
+            base_path = Path(spec.base)
+            if not base_path.is_absolute() and root is not None:
+                base_path = root / base_path
+            base = read_config_file(base_path)
+        else:
+            base = dict(spec.base)
+        try:
+            apply_overrides(base, [f"{k}={json.dumps(v)}" for k, v in spec.overrides.items()])
+        except ConfigError as e:
+            raise SweepError(f"overrides: {e}") from None
+        return cls(spec, base, source)
+
+    # --- the grid ------------------------------------------------------------------------------------
+
+    def _expand(self) -> list[dict]:
+        axes = self.spec.axes
+        plain = {k: expand_values(v, k) for k, v in axes.items() if not _is_dependent(v)}
+        dependent = {}
+        for key, raw in axes.items():
+            if not _is_dependent(raw):
+                continue
+            try:
+                dep = DependentAxis.model_validate(raw)
+            except ValidationError as e:
+                raise SweepError(f"axis {key}: a dependent axis is {{by: KEY, values: {{...}}}} ({e.errors()[0]['msg']})") from None
+            if dep.by not in plain:
+                raise SweepError(f"axis {key} depends on {dep.by!r}, which is not a plain axis of this sweep")
+            by_values = {str(v) for v in plain[dep.by]}
+            missing = by_values - set(dep.values)
+            extra = set(dep.values) - by_values
+            if missing or extra:
+                raise SweepError(f"axis {key}: values must be given for exactly the values of {dep.by} "
+                                 f"({sorted(by_values)}); missing {sorted(missing)}, unknown {sorted(extra)}")
+            dependent[key] = (dep.by, {k: expand_values(v, f"{key}[{k}]") for k, v in dep.values.items()})
+
+        cells = []
+        keys = list(plain)
+        for combo in itertools.product(*(plain[k] for k in keys)):
+            base_cell = dict(zip(keys, combo))
+            dep_keys = list(dependent)
+            dep_lists = [dependent[k][1][str(base_cell[dependent[k][0]])] for k in dep_keys]
+            for dep_combo in itertools.product(*dep_lists):
+                cell = {**base_cell, **dict(zip(dep_keys, dep_combo))}
+                if not any(_matches(cell, ex) for ex in self.spec.exclude):
+                    cells.append({k: cell[k] for k in axes})  # axis order as written
+        for ex in self.spec.exclude:
+            unknown = set(ex) - set(axes)
+            if unknown:
+                raise SweepError(f"exclude entry {ex!r} names {sorted(unknown)}, which are not axes")
+        if not cells:
+            raise SweepError("every cell is excluded: the sweep is empty")
+        return cells
+
+    def _validate_cells(self) -> None:
+        for key in (self.spec.scale_key, self.spec.lr_key):
+            if key not in self.spec.axes:
+                raise SweepError(f"{key!r} is not an axis; set scale_key/lr_key to one of {list(self.spec.axes)}")
+        seen_errors = {}
+        for cell in self.cells:
+            try:
+                self.config(cell)
+            except ConfigError as e:
+                seen_errors.setdefault(str(e), cell)
+        if seen_errors:
+            msg, cell = next(iter(seen_errors.items()))
+            raise SweepError(f"cell {cell} does not make a valid training config: {msg}")
+
+    def config_dict(self, cell: Mapping) -> dict:
+        data = json.loads(json.dumps(self.base))
+        return apply_overrides(data, [f"{k}={json.dumps(v)}" for k, v in cell.items()])
+
+    def config(self, cell: Mapping):
+        return build_config(self.config_dict(cell))
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec.model_dump(mode="json"), "base": self.base}
+
+
+def _is_dependent(v) -> bool:
+    return isinstance(v, Mapping) and "by" in v
+
+
+def _matches(cell: Mapping, exclude: Mapping) -> bool:
+    return all(k in cell and cell[k] == v for k, v in exclude.items())
