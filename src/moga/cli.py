@@ -5,8 +5,16 @@ from __future__ import annotations
 import typer
 
 from moga.bench.cli import bench_app
+from moga.sweep.cli import sweep
+from moga.sweep.report.cli import report_command
+from moga.train_cli import lr_range, train
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Geometry-aware optimizers and learning-rate transfer.")
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Geometry-aware optimizers, and the tools to show that a learning rate transfers.")
+app.command("train")(train)
+app.command("lr-range")(lr_range)
+app.command("sweep")(sweep)
+app.command("report")(report_command)
 app.add_typer(bench_app, name="bench")
 
 

@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from moga.geometry import parse_geometry
 from moga.layout import resolve_layout
 from moga.roles import RolePlan, build_plan
+from moga.workspace import Workspace, scratch
 
 NONFINITE_POLICIES = ("skip", "raise")
 
@@ -95,6 +96,7 @@ class GeometryOptimizer(Optimizer):
             params = params.param_groups()
         self.nonfinite = nonfinite
         self.skipped_steps = 0
+        self._workspace = Workspace()  # scratch for temporaries; not state, never saved
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -144,26 +146,26 @@ class GeometryOptimizer(Optimizer):
     def _lmo_step(self, group, params, grads):
         geometry = parse_geometry(group["geometry"])
         lr, momentum, wd, fast = group["lr"], group["momentum"], group["weight_decay"], group["foreach"]
+        workspace = self._workspace if fast else None
         directions = grads
         if momentum > 0:
-            bufs = [self._buffer(p, "momentum_buffer") for p in params]
-            _lerp_(bufs, grads, 1 - momentum, fast)  # the EMA G <- m G + (1 - m) g
-            if group["nesterov"]:
-                directions = [g.lerp(b, momentum) for g, b in zip(grads, bufs)]
-            else:
-                directions = bufs
+            directions = [self._buffer(p, "momentum_buffer") for p in params]
+            _lerp_(directions, grads, 1 - momentum, fast)  # the EMA G <- m G + (1 - m) g
         if wd:
             _mul_(params, 1 - lr * wd, fast)
-        for p, d in zip(params, directions):
+        for p, g, d in zip(params, grads, directions):
+            if momentum > 0 and group["nesterov"]:
+                d = torch.lerp(g, d, momentum, out=scratch(workspace, g, 2))
             layout = resolve_layout(group["layout"], p) if geometry.matrix else None
             if fast:
-                geometry.apply_lmo_(p, d, lr, layout)
+                geometry.apply_lmo_(p, d, lr, layout, workspace)
             else:
                 p.add_(geometry.lmo(d, layout), alpha=lr)
 
     def _adam_step(self, group, params, grads):
         geometry = parse_geometry(group["geometry"])
         lr, wd, eps, fast = group["lr"], group["weight_decay"], group["eps"], group["foreach"]
+        workspace = self._workspace if fast else None
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
         exp_avgs = [self._buffer(p, "exp_avg") for p in params]
@@ -185,7 +187,7 @@ class GeometryOptimizer(Optimizer):
             t = st["step"].item()
             layout = resolve_layout(group["layout"], p) if geometry.matrix else None
             step_size = lr * geometry.sign_scale(p.shape, layout) / (1 - beta1**t)
-            denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+            denom = torch.sqrt(v, out=scratch(workspace, v, 0)).div_(math.sqrt(1 - beta2**t)).add_(eps)
             p.addcdiv_(m, denom, value=-step_size)
 
     def _buffer(self, p: torch.Tensor, key: str) -> torch.Tensor:

@@ -17,7 +17,7 @@ def sweep(
     executor: str = typer.Option("local", help=f"one of {', '.join(EXECUTORS)}"),
     ray_address: str = typer.Option(None, help="Ray cluster address (default: start a local Ray)"),
     retry_failed: bool = typer.Option(False, help="run cells that failed before again"),
-    metric: str = typer.Option("train_loss", help="with 'status': the metric shown in the grid"),
+    metric: str = typer.Option("final_train_loss", help="with 'status': the result field shown in the grid"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
 ) -> None:
     """Run every cell of a learning-rate sweep; re-running resumes it, and several processes can share it.

@@ -82,6 +82,8 @@ def watch(store: SweepStore, procs: list[subprocess.Popen], start: float, progre
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    columns = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     counts = store.counts()
     initial = sum(counts[s] for s in DONE)  # settled before this run: not part of the rate (ETA)
     with Progress(*columns, transient=False) as bar:

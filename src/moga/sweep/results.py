@@ -6,7 +6,7 @@ import math
 
 from moga.sweep.store import SweepStore
 
-METRICS = ("train_loss", "val_loss", "val_acc", "train_acc", "final_train_loss")
+METRICS = ("final_train_loss", "train_eval_loss", "val_loss", "val_acc", "train_eval_acc", "steps", "wall_time_s")
 
 
 def records(store: SweepStore) -> list[dict]:
@@ -20,6 +20,8 @@ def records(store: SweepStore) -> list[dict]:
         for key in METRICS:
             if key in result:
                 rec[key] = result[key]
+        # The papers' training loss is the final-epoch training loss (moga.train.engine).
+        rec["train_loss"] = result.get("final_train_loss", math.inf)
         if cell["status"] != "finished":
             rec["train_loss"] = math.inf
             rec["val_loss"] = math.inf
@@ -32,7 +34,7 @@ def format_lr(lr: float) -> str:
     return f"2^{int(k)}" if math.isfinite(k) and k == int(k) else f"{lr:.3g}"
 
 
-def status_table(store: SweepStore, lr_key: str, metric: str = "train_loss"):
+def status_table(store: SweepStore, lr_key: str, metric: str = "final_train_loss"):
     """A rich Table: one row per combination of the other axes, one column per learning rate."""
     from rich.table import Table
 

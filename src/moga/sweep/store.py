@@ -170,6 +170,16 @@ class SweepStore:
                 con.execute("INSERT INTO events (cell, event, owner, time) VALUES (?, ?, ?, ?)", (cell, status, owner, now))
             return cur.rowcount == 1
 
+    def release(self, cell: str, owner: str) -> bool:
+        """Hand an unfinished cell back (its run stopped early, e.g. on SIGTERM); it resumes later."""
+        with self._write() as con:
+            cur = con.execute("UPDATE cells SET status = 'pending', owner = NULL, heartbeat = NULL "
+                              "WHERE id = ? AND owner = ? AND status = 'running'", (cell, owner))
+            if cur.rowcount == 1:
+                con.execute("INSERT INTO events (cell, event, owner, time) VALUES (?, 'release', ?, ?)",
+                            (cell, owner, time.time()))
+            return cur.rowcount == 1
+
     def requeue(self, statuses=("failed",)) -> int:
         with self._write() as con:
             marks = ",".join("?" * len(statuses))

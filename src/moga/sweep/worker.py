@@ -72,7 +72,7 @@ def smaller_lr_diverged(store: SweepStore, sweep: Sweep, params: dict) -> bool:
 def train_cell(config, run_dir: Path) -> dict:
     from moga.train import run
 
-    return run(config, run_dir)
+    return run(config, run_dir, quiet=True)
 
 
 def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid: int | None = None,
@@ -107,7 +107,11 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 else:
                     result = train_cell(sweep.config(params), store.cell_dir(cid))
             status = result.get("status", "finished")
-            store.finish(cid, owner, status if status in ("finished", "diverged", "skipped") else "failed", result)
+            if status in ("finished", "diverged", "skipped"):
+                store.finish(cid, owner, status, result)
+            else:  # stopped early (SIGTERM): the checkpoint is there, the cell resumes later
+                store.release(cid, owner)
+                return settled
         except Exception:  # a crash of one run is recorded, and the sweep goes on
             store.finish(cid, owner, "failed", error=traceback.format_exc(limit=20))
         finally:

@@ -1,0 +1,140 @@
+"""The convergence paper's adaptive step for gradient descent (GEOMETRY.md, "Generalized smoothness").
+
+    eta_t = alpha * ||W_0||^(2L-2) / ((1 + Loss(W_t)^(1/2)) * sum_{j=0}^{2L-2} ||W_t||^j)
+
+with ``||W||`` the Frobenius norm of all weights together and ``L`` the number of layers. The powers
+overflow float64 quickly (``||W|| = 40``, ``L = 100``: ``40^198``), so the step is computed as a
+logarithm in float64, with the geometric sum in closed form ``(r^n - 1)/(r - 1)``, n = 2L-1 terms.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.optim import Optimizer
+
+
+def _log_expm1(a: float) -> float:
+    """log(e^a - 1) for a > 0, without overflow for large a."""
+    return a + math.log1p(-math.exp(-a)) if a > 30 else math.log(math.expm1(a))
+
+
+def log_geometric_sum(log_r: float, n: int) -> float:
+    """``log(sum_{j=0}^{n-1} r^j)`` for ``r = exp(log_r) >= 0``: the closed form ``(r^n - 1)/(r - 1)`` in logs.
+
+    expm1 keeps it exact near r = 1 (where the sum is ~n), and splitting off the exponent keeps it
+    finite for any r and n.
+    """
+    if n < 1:
+        raise ValueError(f"need at least one term, got n={n}")
+    if log_r == -math.inf or n == 1:
+        return 0.0
+    if log_r == 0:
+        return math.log(n)
+    x = n * log_r
+    if log_r > 0:
+        return _log_expm1(x) - _log_expm1(log_r)
+    return math.log(-math.expm1(x)) - math.log(-math.expm1(log_r))
+
+
+def log_adaptive_step(alpha: float, layers: int, w0_norm: float, w_norm: float, loss: float) -> float:
+    """log(eta_t) of the formula above, all in float64."""
+    if alpha < 0 or layers < 1 or w0_norm < 0 or w_norm < 0:
+        raise ValueError(f"need alpha >= 0, layers >= 1 and norms >= 0, got {alpha}, {layers}, {w0_norm}, {w_norm}")
+    if not math.isfinite(loss) or loss < 0:
+        raise FloatingPointError(f"the adaptive step needs a finite loss >= 0, got {loss}")
+    if alpha == 0:
+        return -math.inf
+    power = 2 * layers - 2
+    log_w0 = power * math.log(w0_norm) if power else 0.0  # ||W_0||^0 = 1, even for W_0 = 0
+    log_w = math.log(w_norm) if w_norm > 0 else -math.inf
+    return math.log(alpha) + log_w0 - math.log1p(math.sqrt(loss)) - log_geometric_sum(log_w, 2 * layers - 1)
+
+
+def adaptive_step(alpha: float, layers: int, w0_norm: float, w_norm: float, loss: float) -> float:
+    log_eta = log_adaptive_step(alpha, layers, w0_norm, w_norm, loss)
+    if log_eta > 709:  # exp would overflow float64
+        raise FloatingPointError(f"adaptive step exp({log_eta:.1f}) overflows: ||W_t|| = {w_norm:.3g} is "
+                                 f"tiny next to ||W_0|| = {w0_norm:.3g}")
+    return math.exp(log_eta)
+
+
+def global_norm(tensors) -> float:
+    """Frobenius norm of all tensors together, in float64, robust to huge entries."""
+    norms = [_norm64(t.detach()) for t in tensors]
+    top = max(norms, default=0.0)
+    if top == 0 or not math.isfinite(top):
+        return top
+    return top * math.sqrt(sum((n / top) ** 2 for n in norms))
+
+
+def _norm64(t: torch.Tensor) -> float:
+    n = float(torch.linalg.vector_norm(t, dtype=torch.float64))
+    if math.isinf(n) and bool(torch.isfinite(t).all()):  # the squares overflowed: rescale by the largest entry
+        top = t.abs().max().double()
+        n = float(top * torch.linalg.vector_norm(t.double() / top))
+    return n
+
+
+class AdaptiveGD(Optimizer):
+    """Gradient descent with the convergence paper's adaptive step ``W <- W - eta_t * grad``.
+
+    ``alpha`` is stored as each group's ``lr`` (so a schedule that scales lr scales alpha); ``layers`` is
+    L. ``||W_0||`` is measured at the first step unless given. Each step needs the loss at ``W_t``:
+    ``step(closure)`` or ``step(loss=value)``. Full-batch or minibatch alike: the loss is whatever the
+    gradient came from. After a step, ``last`` holds ``eta``, ``w_norm``, ``w0_norm`` and ``loss``.
+    """
+
+    needs_loss = True
+
+    def __init__(self, params, alpha: float = 1.0, layers: int = 2, *, w0_norm: float | None = None):
+        if not math.isfinite(alpha) or alpha < 0:
+            raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+        if int(layers) != layers or layers < 1:
+            raise ValueError(f"layers (L) must be an integer >= 1, got {layers}")
+        super().__init__(params, dict(lr=alpha))
+        self.layers = int(layers)
+        self.w0_norm = None if w0_norm is None else float(w0_norm)
+        self.last: dict[str, float] = {}
+
+    def parameters(self):
+        return [p for group in self.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def step(self, closure=None, *, loss: float | torch.Tensor | None = None):
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if loss is None:
+            raise ValueError("AdaptiveGD needs the loss at W_t: call step(closure) or step(loss=value)")
+        value = float(loss)
+        w_norm = global_norm(self.parameters())
+        if self.w0_norm is None:
+            self.w0_norm = w_norm
+        ratio = adaptive_step(1.0, self.layers, self.w0_norm, w_norm, value)  # eta_t / alpha
+        for group in self.param_groups:
+            eta = group["lr"] * ratio
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-eta)
+        self.last = {"eta": self.param_groups[0]["lr"] * ratio, "w_norm": w_norm,
+                     "w0_norm": self.w0_norm, "loss": value}
+        return loss
+
+    def diagnostics(self) -> dict[str, float]:
+        """What the training engine logs beside its own loss: eta_t, ||W_t|| and ||W_0||."""
+        return {k: v for k, v in self.last.items() if k != "loss"}
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["adaptive"] = {"w0_norm": self.w0_norm, "layers": self.layers}
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("adaptive", {})
+        if extra.get("layers", self.layers) != self.layers:
+            raise ValueError(f"state is for L={extra['layers']}, this optimizer has L={self.layers}")
+        self.w0_norm = extra.get("w0_norm", self.w0_norm)
+        super().load_state_dict(state_dict)

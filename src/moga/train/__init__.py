@@ -1,0 +1,22 @@
+"""The training engine: one loop for every model, optimizer and task, and the tools around it.
+
+>>> from moga.train import load_config, run
+>>> cfg = load_config("mlp.yaml", ["optim.lr=0.01", "model.depth=8"])
+>>> result = run(cfg, "runs/mlp")          # resumable: call again to continue or to read the result
+>>> result["status"], result["final_train_loss"]
+
+`moga train CONFIG key=value ...` is the same from the shell (``torchrun`` for several processes).
+"""
+
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .config import ConfigError, RunConfig, apply_overrides, build_config, config_diff, config_hash, load_config
+from .engine import DIVERGED, FINISHED, STOPPED, Trainer, read_result, run
+from .lr_range import lr_range_test  # noqa: E402
+from .metrics import read_metrics
+from .schedule import Schedule, build_schedule
+
+__all__ = [
+    "CheckpointError", "ConfigError", "DIVERGED", "FINISHED", "RunConfig", "STOPPED", "Schedule", "Trainer",
+    "apply_overrides", "build_config", "build_schedule", "config_diff", "config_hash", "load_checkpoint",
+    "load_config", "lr_range_test", "read_metrics", "read_result", "run", "save_checkpoint",
+]

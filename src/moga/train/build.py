@@ -1,0 +1,127 @@
+"""The model and the optimizer a config names.
+
+Model: one of ``moga.models.MODELS`` or your own ``package.module:factory``, called with the model
+section's extra keys plus what the data decides (input size, classes, vocabulary) when the
+constructor takes them. ``depth_scaling: inverse_depth`` then sets every residual branch's scale to
+``alpha = k_base / K`` (or ``beta / K``) with ``moga.depth``, K being the model's ``depth``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+
+import torch
+from torch import nn
+
+from moga.depth import residual_alpha, scale_residual_branches
+from moga.optim import MOGA, Muon, ScaledAdamW
+from moga.optim.adaptive import AdaptiveGD
+
+from .config import _OPTIM_KEYS, ConfigError, RunConfig
+
+DEFAULT_LR = {"adamw": 1e-3, "sgd": 1e-2, "adaptive-gd": 1.0}  # the others take their class default
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+def model_factory(name: str):
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"model.name={name!r}: cannot import {attr} from {module} ({e})") from None
+    from moga.models import MODELS
+
+    if name not in MODELS:
+        raise ConfigError(f"unknown model.name {name!r}; valid: {', '.join(MODELS)}, or 'package.module:factory'")
+    return MODELS[name]
+
+
+def factory_parameters(factory) -> list[str] | None:
+    """Keyword arguments the factory takes (None: it takes any)."""
+    from moga.models import GPT, GPTConfig
+
+    if factory is GPT:  # GPT(**overrides) forwards them to its config dataclass
+        return [f.name for f in dataclasses.fields(GPTConfig)]
+    params = inspect.signature(factory).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def model_kwargs(cfg: RunConfig, data_inputs: dict | None = None) -> dict:
+    """The constructor arguments: the config's model keys, then what the data decides for the rest."""
+    m = cfg.model
+    factory = model_factory(m.name)
+    accepted = factory_parameters(factory)
+    kwargs = m.kwargs
+    if accepted is not None:
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown:
+            own = [k for k in type(m).model_fields]
+            raise ConfigError(f"unknown key(s) {', '.join('model.' + k for k in unknown)} for model {m.name!r}; "
+                              f"valid keys: {', '.join(own + [a for a in accepted if a not in own])}")
+    if m.depth_scaling != "none" and "alpha" in kwargs:
+        raise ConfigError("give model.alpha or model.depth_scaling, not both")
+    for k, v in (data_inputs or {}).items():
+        if k not in kwargs and accepted is not None and k in accepted:
+            kwargs[k] = v
+    return kwargs
+
+
+def build_model(cfg: RunConfig, data_inputs: dict | None = None) -> nn.Module:
+    m = cfg.model
+    model = model_factory(m.name)(**model_kwargs(cfg, data_inputs))
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.name={m.name!r} returned a {type(model).__name__}, not an nn.Module")
+    if m.depth_scaling != "none":
+        depth = getattr(model, "depth", None)
+        alpha = residual_alpha(depth, m.depth_scaling, m.k_base, m.beta) if isinstance(depth, int) else None
+        scale_residual_branches(model, alpha, depth=depth, mode=m.depth_scaling, k_base=m.k_base, beta=m.beta)
+    return model
+
+
+# --- optimizer -----------------------------------------------------------------------------------
+
+def count_layers(model: nn.Module) -> int:
+    """L for the adaptive step: the model's ``depth`` for the convergence paper's nets, else its weight layers."""
+    from moga.models import FeedForward, SharedWeightsNet
+
+    if isinstance(model, (FeedForward, SharedWeightsNet)):
+        return model.depth
+    n = sum(isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)) for m in model.modules())
+    if n == 0:
+        raise ConfigError("cannot count the layers of this model: set optim.layers (L)")
+    return n
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """nanoGPT's split: matrices decay, vectors (biases, norm gains) do not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optim
+    kw = {k: getattr(o, k) for k in _OPTIM_KEYS[o.name] if getattr(o, k) is not None}
+    kw.pop("layers", None)
+    lr = o.lr if o.lr is not None else DEFAULT_LR.get(o.name)
+    if lr is not None:
+        kw["lr"] = lr
+    if o.name in ("moga", "muon", "adamw-scaled"):
+        own = model.plan_overrides() if callable(getattr(model, "plan_overrides", None)) else {}
+        overrides = {**own, **kw.pop("overrides", {})}
+        if "betas" in kw:
+            kw["betas"] = tuple(kw["betas"])
+        cls = {"moga": MOGA, "muon": Muon, "adamw-scaled": ScaledAdamW}[o.name]
+        return cls(model, weight_decay=o.weight_decay, overrides=overrides or None, **kw)
+    if o.name == "adamw":
+        return torch.optim.AdamW(decay_groups(model, o.weight_decay), **kw)
+    if o.name == "sgd":
+        return torch.optim.SGD(decay_groups(model, o.weight_decay), **kw)
+    layers = o.layers or count_layers(model)
+    return AdaptiveGD(model.parameters(), alpha=kw["lr"], layers=layers)

@@ -1,0 +1,97 @@
+"""Atomic checkpoints that know which config made them.
+
+A checkpoint is one ``torch.save`` file (load it with ``torch.load(path, weights_only=True)``)
+holding the model, optimizer, step, RNG states, data position and the run's config with its hash.
+It is written to a temporary file in the same directory and moved over the old one with
+``os.replace``, so a crash mid-save leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import config_diff
+
+FORMAT = "moga.train.checkpoint"
+VERSION = 1
+REQUIRED = ("format", "version", "config", "config_hash", "step", "model", "optimizer")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed: corrupted, from another program or version, or another config."""
+
+
+def save_checkpoint(path: str | Path, state: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT, "version": VERSION, **state}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path, config: dict | None = None, config_hash: str | None = None) -> dict:
+    """Load and check a checkpoint; with ``config_hash`` it must come from that config."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # a truncated zip, garbage bytes, a pickle of something else
+        raise CheckpointError(
+            f"{path} is corrupted or not a checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+            "Delete it to start the run over, or restore it from a backup.") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a moga training checkpoint (no {FORMAT!r} format tag)")
+    if state.get("version") != VERSION:
+        raise CheckpointError(f"{path} has checkpoint format version {state.get('version')}; "
+                              f"this moga reads version {VERSION}")
+    missing = [k for k in REQUIRED if k not in state]
+    if missing:
+        raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+    if config_hash is not None and state["config_hash"] != config_hash:
+        diff = config_diff(state["config"], config) if config is not None else []
+        detail = ("\n  " + "\n  ".join(diff)) if diff else ""
+        raise CheckpointError(
+            f"{path} was written by a different config (hash {state['config_hash']}, this config "
+            f"{config_hash}); differing keys (checkpoint -> now):{detail}\n"
+            "Use a new run directory, or resume with the checkpoint's config.")
+    return state
+
+
+# --- RNG state, in types that torch.load(weights_only=True) accepts ----------------------------------
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

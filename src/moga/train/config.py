@@ -1,0 +1,430 @@
+"""The typed schema of a training run, loaded from YAML or TOML plus ``key=value`` overrides.
+
+Every section forbids unknown keys, so a typo is an error that lists the valid keys. The model
+section is the exception: besides its own keys it takes the model's constructor arguments
+(``model.width=256``), which are checked against the constructor when the model is built.
+The config is saved with every checkpoint (nanoGPT's habit) and hashed: a run directory only
+resumes under the same config.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot run: unknown key, wrong type, or values that contradict each other."""
+
+
+def _keys(keys: list[str]) -> str:
+    return f"{keys[0]} does not apply" if len(keys) == 1 else f"{', '.join(keys)} do not apply"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --- sections ------------------------------------------------------------------------------------
+
+IMAGE_DATA = ("digits", "fashion-mnist", "cifar10", "cifar100")
+DATA_NAMES = (*IMAGE_DATA, "text", "synthetic")
+_DATA_KEYS = {  # keys that only mean something for one kind of data
+    "image": {"root", "val_size", "split_seed", "normalize", "augment", "flatten", "limit_per_class"},
+    "text": {"text_path", "tokenizer", "data_dir", "block_size"},
+    "synthetic": {"n_train", "n_val", "in_features", "out_features", "noise", "split_seed"},
+}
+
+
+class ModelConfig(BaseModel):
+    """`name` picks the model; every other key not listed here is passed to its constructor."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    name: str = Field("residual_mlp", description="residual_mlp, gpt, resnet, feedforward, shared_weights, "
+                      "or 'package.module:factory' for your own model (called with the other keys)")
+    depth_scaling: Literal["none", "inverse_depth"] = Field(
+        "none", description="residual branch scale: none (alpha=1) or inverse_depth (alpha = k_base/K, or beta/K)")
+    k_base: float = Field(2.0, gt=0, description="K_base in alpha = K_base/K (the depth paper uses 2)")
+    beta: float | None = Field(None, gt=0, description="alpha = beta/K; overrides k_base when set")
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The model's own constructor arguments."""
+        return dict(self.model_extra or {})
+
+
+class DataConfig(_Section):
+    name: str = Field("digits", description="digits, fashion-mnist, cifar10, cifar100, text or synthetic")
+    seed: int | None = Field(None, ge=0, description="seed of batch order and augmentation (default: the run seed)")
+    # image datasets
+    root: str | None = Field(None, description="images: directory (or tar) of the dataset files")
+    val_size: int | float | None = Field(None, ge=0, description="images: validation count or fraction "
+                                         "split off train (default: the loader's)")
+    split_seed: int | None = Field(None, ge=0, description="images: seed of the train/val split; "
+                                      "synthetic: seed of the data itself")
+    normalize: str | None = Field(None, description="images: train, standard or none")
+    augment: bool | None = Field(None, description="images: random crop and flip (default: the loader's)")
+    flatten: bool | None = Field(None, description="inputs as vectors (default: yes for MLPs)")
+    limit_per_class: int | None = Field(None, gt=0, description="cifar: keep the first N images per class and split")
+    # text
+    text_path: str | None = Field(None, description="text: UTF-8 file (default: $MOGA_TEXT or tiny Shakespeare)")
+    tokenizer: Literal["char", "byte", "gpt2"] = Field("char", description="text: tokenizer")
+    data_dir: str | None = Field(None, description="text: a prepared train.bin/val.bin directory "
+                                 "(default: tokenize text_path into the cache)")
+    block_size: int = Field(64, gt=0, description="text: context length")
+    # synthetic teacher-student data
+    n_train: int = Field(512, gt=0, description="synthetic: training samples")
+    n_val: int = Field(128, gt=0, description="synthetic: validation samples")
+    in_features: int = Field(16, gt=0, description="synthetic: input dimension")
+    out_features: int = Field(1, gt=0, description="synthetic: targets (mse), labels (bce), classes (cross_entropy)")
+    noise: float = Field(0.0, ge=0, description="synthetic: std of the noise added to regression targets")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        key = v.lower().replace("_", "-")
+        key = {"fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist", "cifar-10": "cifar10",
+               "cifar-100": "cifar100"}.get(key, key)
+        if key not in DATA_NAMES:
+            raise ValueError(f"unknown data {v!r}; valid: {', '.join(DATA_NAMES)}")
+        return key
+
+    @property
+    def kind(self) -> str:
+        return "image" if self.name in IMAGE_DATA else self.name
+
+    @model_validator(mode="after")
+    def _keys_fit_kind(self):
+        foreign = {k for keys in _DATA_KEYS.values() for k in keys} - _DATA_KEYS[self.kind]
+        # A saved config lists every key with its default; only a changed one is a mistake.
+        defaults = type(self).model_fields
+        bad = sorted(k for k in foreign & self.model_fields_set if getattr(self, k) != defaults[k].default)
+        if bad:
+            raise ValueError(f"{_keys(bad)} to {self.kind} data ({self.name})")
+        return self
+
+
+OPTIMIZERS = ("moga", "muon", "adamw", "adamw-scaled", "sgd", "adaptive-gd")
+_OPTIM_KEYS = {  # the optional keys each optimizer reads; setting another is an error
+    "moga": {"momentum", "nesterov", "betas", "eps", "p", "embedding_q", "vectors", "overrides", "nonfinite"},
+    "muon": {"momentum", "nesterov", "betas", "eps", "embedding_q", "vectors", "scale", "ns_steps", "ns_dtype",
+             "overrides", "nonfinite"},
+    "adamw": {"betas", "eps"},
+    "adamw-scaled": {"betas", "eps", "overrides", "nonfinite"},
+    "sgd": {"momentum", "nesterov"},
+    "adaptive-gd": {"layers"},
+}
+
+
+class OptimConfig(_Section):
+    name: Literal["moga", "muon", "adamw", "adamw-scaled", "sgd", "adaptive-gd"] = Field(
+        "moga", description="moga, muon, adamw (torch.optim.AdamW), adamw-scaled, sgd, adaptive-gd")
+    lr: float | None = Field(None, ge=0, description="peak learning rate (adaptive-gd: its alpha); "
+                             "default: the optimizer's")
+    weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay (sgd: L2)")
+    momentum: float | None = Field(None, ge=0, lt=1, description="moga, muon, sgd")
+    nesterov: bool | None = Field(None, description="moga, muon, sgd")
+    betas: tuple[float, float] | None = Field(None, description="Adam betas (moga/muon vectors, adamw)")
+    eps: float | None = Field(None, gt=0, description="Adam eps")
+    p: float | None = Field(None, ge=1, description="moga: the row geometry's p")
+    embedding_q: float | None = Field(None, ge=1, description="moga, muon: the embedding geometry's q")
+    vectors: Literal["adamw", "sign"] | None = Field(None, description="moga, muon: update of biases and gains")
+    scale: Literal["mean", "torch"] | None = Field(None, description="muon: sqrt(m/n) or torch's scale")
+    ns_steps: int | None = Field(None, gt=0, description="muon: Newton-Schulz steps")
+    ns_dtype: str | None = Field(None, description="muon: Newton-Schulz dtype (auto, float32, bfloat16)")
+    layers: int | None = Field(None, ge=1, description="adaptive-gd: L, the number of layers "
+                               "(default: from the model)")
+    overrides: dict[str, str] | None = Field(None, description="role-plan overrides {parameter glob: role}")
+    nonfinite: Literal["skip", "raise"] | None = Field(None, description="moga family: non-finite gradients")
+
+    @model_validator(mode="after")
+    def _keys_fit_optimizer(self):
+        optional = set().union(*_OPTIM_KEYS.values())
+        bad = sorted((optional - _OPTIM_KEYS[self.name]) & {k for k in self.model_fields_set
+                                                            if getattr(self, k) is not None})
+        if bad:
+            raise ValueError(f"{_keys(bad)} to optimizer {self.name}; it reads "
+                             f"{', '.join(sorted(_OPTIM_KEYS[self.name])) or 'no optional keys'}")
+        if self.name == "adaptive-gd" and self.weight_decay:
+            raise ValueError("adaptive-gd is plain gradient descent: weight_decay must be 0")
+        return self
+
+
+class ScheduleConfig(_Section):
+    name: Literal["constant", "cosine", "warmup_constant"] = Field(
+        "constant", description="constant, cosine (linear warmup then cosine to min_lr_ratio), warmup_constant")
+    warmup_steps: int | None = Field(None, ge=0, description="warmup length in steps")
+    warmup_fraction: float | None = Field(None, ge=0, lt=1, description="warmup as a fraction of all steps")
+    warmup_epochs: float | None = Field(None, ge=0, description="warmup length in epochs")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr / peak lr")
+
+    @model_validator(mode="after")
+    def _one_warmup(self):
+        given = [k for k in ("warmup_steps", "warmup_fraction", "warmup_epochs") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one warmup length, not {' and '.join(given)}")
+        if given and self.name == "constant":
+            raise ValueError("schedule 'constant' has no warmup: use 'warmup_constant' or 'cosine'")
+        return self
+
+
+class TrainSection(_Section):
+    steps: int | None = Field(None, gt=0, description="optimizer steps (or give epochs)")
+    epochs: float | None = Field(None, gt=0, description="passes over the training split (or give steps)")
+    batch_size: int | Literal["full"] = Field(128, description="samples (text: sequences) per optimizer step, "
+                                              "over all processes; 'full' for full-batch gradient descent")
+    grad_accum: int = Field(1, gt=0, description="micro-batches per step (batch_size must divide evenly)")
+    loss: Literal["auto", "cross_entropy", "mse", "bce"] = Field(
+        "auto", description="auto: cross_entropy for images and text, mse for synthetic data")
+    loss_ceiling: float | None = Field(None, gt=0, description="a training loss above this ends the run "
+                                       "as diverged (a non-finite loss always does)")
+    grad_clip: float | None = Field(None, gt=0, description="clip the global gradient norm to this")
+    device: str = Field("auto", description="auto (cuda if available), cpu, cuda, mps")
+    compile: bool | str = Field(False, description="torch.compile the model: true, or a backend name")
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms during the run")
+
+    @field_validator("batch_size")
+    @classmethod
+    def _positive(cls, v):
+        if v != "full" and v <= 0:
+            raise ValueError("batch_size must be > 0 or 'full'")
+        return v
+
+    @model_validator(mode="after")
+    def _length(self):
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("give one of train.steps and train.epochs, not both (set the other to null)")
+        return self
+
+
+class EvalConfig(_Section):
+    every: int | Literal["epoch"] = Field(0, description="evaluate every N steps, or every 'epoch' "
+                                          "(0: only at the end)")
+    split: Literal["val", "test"] = Field("val", description="held-out split to evaluate")
+    batch_size: int | None = Field(None, gt=0, description="evaluation batch (default: the training micro-batch)")
+    max_batches: int | None = Field(None, gt=0, description="cap on evaluation batches (default: the whole "
+                                    "split for images and synthetic data, 20 for text)")
+    train_eval: bool = Field(True, description="also evaluate the training split (no augmentation; same cap)")
+    final_window: int | Literal["epoch"] = Field(
+        "epoch", description="steps averaged into final_train_loss: 'epoch' (the last epoch) or a count")
+
+
+    @field_validator("every")
+    @classmethod
+    def _non_negative(cls, v):
+        if v != "epoch" and v < 0:
+            raise ValueError("eval.every must be >= 0 or 'epoch'")
+        return v
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(500, ge=0, description="save every N steps (0: only at the end); saves are atomic")
+    save_final: bool = Field(True, description="keep a checkpoint of the final model")
+
+
+class LoggingConfig(_Section):
+    log_every: int = Field(10, gt=0, description="write a training record (and progress line) every N steps")
+    progress: bool = Field(True, description="print the progress line")
+    tensorboard: bool = Field(False, description="also log to TensorBoard (needs the tensorboard package)")
+    wandb: bool = Field(False, description="also log to Weights & Biases (needs wandb; offline unless "
+                        "WANDB_MODE says otherwise)")
+    wandb_project: str = Field("moga", description="W&B project name")
+
+
+class RunConfig(_Section):
+    """One training run. Sections: model, data, optim, schedule, train, eval, checkpoint, logging."""
+
+    seed: int = Field(0, ge=0, description="seeds model init, batch order and dropout")
+    name: str | None = Field(None, description="a label for the run (not part of the config hash)")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _has_length(self):
+        if self.train.steps is None and self.train.epochs is None:
+            raise ValueError("train: give the run's length, train.steps or train.epochs")
+        return self
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+    def hash(self) -> str:
+        return config_hash(self)
+
+
+# Keys that do not change what a run computes: a run may resume with other values for them.
+UNHASHED = ("name", "logging", "checkpoint")
+
+
+def config_hash(cfg: RunConfig | Mapping) -> str:
+    d = cfg.to_dict() if isinstance(cfg, RunConfig) else dict(cfg)
+    for key in UNHASHED:
+        d.pop(key, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def flatten_keys(d: Mapping, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(flatten_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(a: RunConfig | Mapping, b: RunConfig | Mapping, *, hashed_only: bool = True) -> list[str]:
+    """'key: a -> b' for every dotted key whose value differs."""
+    fa, fb = (flatten_keys(x.to_dict() if isinstance(x, RunConfig) else x) for x in (a, b))
+    keys = sorted(set(fa) | set(fb))
+    if hashed_only:
+        keys = [k for k in keys if k.split(".")[0] not in UNHASHED]
+    return [f"{k}: {fa.get(k, '<unset>')!r} -> {fb.get(k, '<unset>')!r}" for k in keys if fa.get(k) != fb.get(k)]
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads 1e-3 as a string; learning rates are written that way, so read them as floats."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)$|^[-+]?\.[0-9]+(?:[eE][-+]?[0-9]+)?$"),
+    list("-+0123456789."),
+)
+
+
+def parse_value(text: str) -> Any:
+    """An override value as a YAML scalar (or flow list/dict): 0.1, 1e-3, true, null, [0.9, 0.95], adamw."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return text
+
+
+def read_config_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".toml":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            try:
+                import tomli as tomllib
+            except ModuleNotFoundError:
+                raise ConfigError("TOML configs need Python 3.11+ or the tomli package; "
+                                  "or write the config in YAML") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    else:
+        try:
+            data = yaml.load(text, Loader=_Loader)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config is a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
+    """Apply dotted ``key=value`` overrides (``optim.lr=0.1``) to a nested dict, in place."""
+    for item in overrides or ():
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not key=value (for example optim.lr=0.01)")
+        node = data
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
+            node = child
+        node[parts[-1]] = parse_value(value)
+    return data
+
+
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
+             "train": TrainSection, "eval": EvalConfig, "checkpoint": CheckpointConfig, "logging": LoggingConfig}
+
+
+def valid_keys(section: str | None) -> list[str]:
+    if section is None:
+        return list(RunConfig.model_fields)
+    cls = _SECTIONS.get(section)
+    return list(cls.model_fields) if cls else []
+
+
+def _describe(error: dict) -> str:
+    loc = [str(x) for x in error["loc"]]
+    path = ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        section = loc[0] if len(loc) > 1 else None
+        keys = valid_keys(section)
+        close = difflib.get_close_matches(loc[-1], keys, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        where = f"section {section!r}" if section else "the top level"
+        return f"unknown key {path!r}{hint}; valid keys in {where}: {', '.join(keys)}"
+    msg = error["msg"].removeprefix("Value error, ")
+    if error["type"] in ("missing",):
+        return f"{path}: required"
+    if "input" in error and error["type"] not in ("value_error", "assertion_error"):
+        return f"{path}: {msg} (got {error['input']!r})"
+    return f"{path}: {msg}" if path else msg
+
+
+def build_config(data: Mapping | None = None) -> RunConfig:
+    """Validate a nested dict into a RunConfig; errors become one ConfigError naming every bad key."""
+    try:
+        return RunConfig.model_validate(dict(data or {}))
+    except ValidationError as e:
+        lines = sorted({_describe(err) for err in e.errors()})
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
+    """The config in ``path`` (YAML, or TOML by suffix; None: all defaults) with ``key=value`` overrides."""
+    data = read_config_file(path) if path is not None else {}
+    return build_config(apply_overrides(data, overrides))
+
+
+def as_config(config: RunConfig | Mapping | str | Path) -> RunConfig:
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, (str, Path)):
+        return load_config(config)
+    return build_config(config)
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def json_float(x: float | None) -> float | None:
+    """Floats for result files: inf stays inf (JSON 'Infinity', read back by Python), NaN becomes inf."""
+    if x is None:
+        return None
+    return math.inf if math.isnan(x) else float(x)

@@ -1,0 +1,105 @@
+"""Several processes through ``torchrun``: the process group from the environment, and reductions.
+
+Every rank draws the same global batch and trains on its own slice of it, so a run on W
+processes sees exactly the data a one-process run with the same batch size sees; gradients are
+averaged by DistributedDataParallel. Only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # True when setup() created the process group (so teardown ends it)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def shard(self, n: int) -> slice:
+        """This rank's slice of a global batch of n items."""
+        if n % self.world:
+            raise ValueError(f"a batch of {n} does not split over {self.world} processes")
+        k = n // self.world
+        return slice(self.rank * k, (self.rank + 1) * k)
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device=cuda but CUDA is not available")
+        return torch.device("cuda", local_rank)
+    return torch.device(name)
+
+
+def setup(device: str = "auto") -> Dist:
+    """Join the process group torchrun describes (WORLD_SIZE > 1), or run alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    dev = pick_device(device, local_rank)
+    if world <= 1:
+        return Dist(device=dev)
+    owns = False
+    if not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(backend=backend)
+        owns = True
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, dev, owns)
+
+
+def teardown(d: Dist) -> None:
+    if d.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(d: Dist, values: list[float]) -> list[float]:
+    """Sums over ranks, in float64 (so counts and loss sums stay exact enough)."""
+    if not d.active:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=d.device if d.device.type == "cuda" else "cpu")
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_mean(d: Dist, value: float) -> float:
+    return all_sum(d, [value])[0] / d.world
+
+
+def gather_objects(d: Dist, obj):
+    """A list with every rank's obj (on every rank)."""
+    if not d.active:
+        return [obj]
+    out = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(d: Dist, obj):
+    if not d.active:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(d: Dist) -> None:
+    if d.active:
+        dist.barrier()

@@ -1,0 +1,389 @@
+"""One training loop for every model, optimizer and task: ``run(config, run_dir) -> result``.
+
+A run directory holds ``config.yaml`` (resolved), ``metrics.jsonl``, ``checkpoint.pt``, ``plan.txt``
+(the optimizer's role plan, when it has one) and, once the run ends, ``result.json``. Calling
+``run`` again on the same directory resumes from the checkpoint (bit for bit on CPU) or, for a
+finished run, returns the stored result without training.
+
+The final-epoch training loss (``final_train_loss``) is the mean of the per-step training losses
+over the run's last ``eval.final_window`` steps: by default one epoch of steps (text: one pass of
+``batch_size * block_size`` tokens), or all steps when the run is shorter. Each step's loss is the
+minibatch loss measured before that step's update, averaged over micro-batches and processes:
+the running average the papers report as the training loss of the last epoch.
+``train_eval_loss`` is the final model evaluated on the training split (no augmentation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import random
+import signal
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from moga.data import derive_seed
+
+from . import distributed
+from .build import build_model, build_optimizer
+from .checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .config import RunConfig, as_config, config_diff, dump_yaml, json_float
+from .metrics import MetricsLog, TensorBoardSink, WandbSink, progress_line
+from .schedule import build_schedule
+from .tasks import build_task
+
+CHECKPOINT, RESULT, CONFIG, METRICS, PLAN = "checkpoint.pt", "result.json", "config.yaml", "metrics.jsonl", "plan.txt"
+FINISHED, DIVERGED, STOPPED = "finished", "diverged", "stopped"
+
+
+def run(config: RunConfig | dict | str | Path, run_dir: str | Path, *, stop_at: int | None = None,
+        quiet: bool = False) -> dict:
+    """Train (or resume, or return the stored result of) the run in ``run_dir``; returns the result.
+
+    ``stop_at``: checkpoint and return after this many steps (status ``"stopped"``); calling ``run``
+    again continues. Under ``torchrun`` every process calls ``run`` and only rank 0 writes files.
+    A SIGTERM or Ctrl-C also stops at the next step boundary with a checkpoint.
+    """
+    cfg = as_config(config)
+    dist = distributed.setup(cfg.train.device)
+    try:
+        return Trainer(cfg, Path(run_dir), dist, quiet=quiet).fit(stop_at)
+    finally:
+        distributed.teardown(dist)
+
+
+def read_result(run_dir: str | Path) -> dict | None:
+    path = Path(run_dir) / RESULT
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+class _StopFlag:
+    """SIGTERM / SIGINT set a flag that the loop checks at the next step boundary (main thread only)."""
+
+    def __init__(self):
+        self.set, self._old = False, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.set:  # a second Ctrl-C means now
+            raise KeyboardInterrupt
+        self.set = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, run_dir: Path, dist: distributed.Dist, quiet: bool = False):
+        self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
+        self.hash = cfg.hash()
+        self.quiet = quiet or not dist.main or not cfg.logging.progress
+
+    # --- setup -----------------------------------------------------------------------------------
+
+    def _stored_result(self) -> dict | None:
+        result = read_result(self.run_dir)
+        if result is None:
+            return None
+        if result.get("config_hash") != self.hash:
+            saved = self.run_dir / CONFIG
+            diff = config_diff(as_config(saved), self.cfg) if saved.is_file() else []
+            raise CheckpointError(
+                f"{self.run_dir} holds a finished run of another config (hash {result.get('config_hash')}, this "
+                f"config {self.hash}); differing keys (stored -> now):\n  " + "\n  ".join(diff or ["?"]))
+        return result
+
+    def _setup(self) -> dict | None:
+        cfg, d = self.cfg, self.dist
+        path = self.run_dir / CHECKPOINT
+        state = load_checkpoint(path, cfg.to_dict(), self.hash) if path.is_file() else None
+        self.task = build_task(cfg, main=d.main, barrier=lambda: distributed.barrier(d))
+        if not self.task.has_split(cfg.eval.split):
+            raise ValueError(f"eval.split={cfg.eval.split!r}, but the {cfg.data.name} data has no such split")
+        # The same initial weights on every process (DDP also broadcasts rank 0's).
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        self.model = build_model(cfg, self.task.model_inputs).to(d.device)
+        self.optimizer = build_optimizer(cfg, self.model)
+        for group in self.optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        t = cfg.train
+        self.total = t.steps if t.steps is not None else max(1, math.ceil(t.epochs * self.task.steps_per_epoch))
+        self.schedule = build_schedule(cfg.schedule, self.total, self.task.steps_per_epoch)
+        window = self.task.steps_per_epoch if cfg.eval.final_window == "epoch" else cfg.eval.final_window
+        self.eval_every = self.task.steps_per_epoch if cfg.eval.every == "epoch" else cfg.eval.every
+        self.window = deque(maxlen=min(window, self.total))
+        self.batches = self.task.train_batches()
+        self.step, self.elapsed_before, self.since_log, self.since_eval, self.last_eval = 0, 0.0, [], [], None
+        self.session_start = time.perf_counter()
+        torch.manual_seed(derive_seed(cfg.seed, 1, d.rank))  # dropout and the like, per process
+        if state is not None:
+            self._restore(state)
+        self.forward_model = self._wrap(self.model)
+        return state
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        self.ddp = None
+        if self.dist.active:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.dist.device] if self.dist.device.type == "cuda" else None
+            model = self.ddp = DistributedDataParallel(model, device_ids=ids)
+        if self.cfg.train.compile:
+            backend = "inductor" if self.cfg.train.compile is True else self.cfg.train.compile
+            model = torch.compile(model, backend=backend)
+        return model
+
+    def _open_logs(self, resumed: dict | None) -> None:
+        cfg, d = self.cfg, self.dist
+        self.log = MetricsLog(self.run_dir / METRICS, enabled=d.main,
+                              truncate_to=resumed["metrics_bytes"] if resumed else 0)
+        if not d.main:
+            return
+        (self.run_dir / CONFIG).write_text(dump_yaml(cfg))
+        plan = getattr(self.optimizer, "plan", None)
+        if plan is not None:
+            (self.run_dir / PLAN).write_text(str(plan) + "\n")
+        if cfg.logging.tensorboard:
+            self.log.sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+        if cfg.logging.wandb:
+            self.log.sinks.append(WandbSink(self.run_dir, cfg.logging.wandb_project, cfg.to_dict(), self.hash))
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds of training over every session of this run."""
+        return self.elapsed_before + time.perf_counter() - self.session_start
+
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        rngs = distributed.gather_objects(self.dist, rng_state())  # every process takes part
+        if self.dist.main:
+            save_checkpoint(self.run_dir / CHECKPOINT, {
+                "config": self.cfg.to_dict(), "config_hash": self.hash, "step": self.step,
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": {"name": self.schedule.name, "total": self.schedule.total, "warmup": self.schedule.warmup},
+                "rng": rngs, "data": self.batches.state_dict(), "window": list(self.window),
+                "since_log": list(self.since_log), "since_eval": list(self.since_eval),
+                "last_eval": self.last_eval, "elapsed": self.elapsed, "metrics_bytes": self.log.offset,
+                "world_size": self.dist.world,
+            })
+        distributed.barrier(self.dist)
+
+    def _restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.batches.load_state_dict(state["data"])
+        rngs = state["rng"]
+        set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
+        self.step, self.elapsed_before = int(state["step"]), float(state["elapsed"])
+        self.window.extend(state["window"])
+        self.since_log, self.since_eval = list(state["since_log"]), list(state["since_eval"])
+        self.last_eval = state["last_eval"]
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def fit(self, stop_at: int | None = None) -> dict:
+        stored = self._stored_result()
+        if stored is not None:
+            return stored
+        if self.dist.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        distributed.barrier(self.dist)
+        for wanted, package in ((self.cfg.logging.tensorboard, "tensorboard"), (self.cfg.logging.wandb, "wandb")):
+            if wanted and importlib.util.find_spec(package) is None:  # fail on every process, before training
+                raise ImportError(f"logging.{package}=true needs the {package} package: pip install {package} "
+                                  f"(or set logging.{package}=false; metrics.jsonl has every number)")
+        previous = torch.are_deterministic_algorithms_enabled()
+        if self.cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True)
+        try:
+            resumed = self._setup()
+            self._open_logs(resumed)
+            with _StopFlag() as flag:
+                return self._loop(stop_at, flag)
+        finally:
+            torch.use_deterministic_algorithms(previous)
+            if hasattr(self, "log"):
+                self.log.close()
+
+    def _loop(self, stop_at: int | None, flag: _StopFlag) -> dict:
+        cfg, d, task = self.cfg, self.dist, self.task
+        t0, start_step = time.perf_counter(), self.step
+        self.session_start = last_log = t0
+        per_step = cfg.train.grad_accum * task.micro_batch * (task.block_size if task.unit == "tokens" else 1)
+        self.model.train()
+        if stop_at is not None and self.step >= stop_at and self.step < self.total:
+            return self._stopped()
+        while self.step < self.total:
+            lr_factor = self.schedule.factor(self.step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * lr_factor
+            local_loss = self._forward_backward()
+            summed_loss, stop_votes = distributed.all_sum(d, [local_loss, float(flag.set)])
+            loss = summed_loss / d.world
+            ceiling = cfg.train.loss_ceiling
+            if not math.isfinite(loss) or (ceiling is not None and loss > ceiling):
+                return self._diverged(loss)
+            if cfg.train.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
+            if getattr(self.optimizer, "needs_loss", False):
+                self.optimizer.step(loss=loss)
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            self.window.append(loss)
+            self.since_log.append(loss)
+            self.since_eval.append(loss)
+
+            now = time.perf_counter()
+            if self.step % cfg.logging.log_every == 0 or self.step == self.total:
+                rate = len(self.since_log) * per_step / max(now - last_log, 1e-9)
+                done = self.step - start_step
+                eta = (now - t0) / done * (self.total - self.step)
+                self._log_train(rate, eta)
+                last_log = now
+            if self.eval_every and self.step % self.eval_every == 0 and self.step < self.total:
+                self._evaluate_and_log()
+            every = cfg.checkpoint.every
+            stop = (stop_at is not None and self.step >= stop_at) or stop_votes > 0
+            if self.step < self.total and (stop or (every and self.step % every == 0)):
+                self._save()
+            if stop and self.step < self.total:
+                return self._stopped()
+        return self._finish()
+
+    def _stopped(self) -> dict:
+        """Not a result: the run continues when ``run`` is called again (nothing is written but the checkpoint)."""
+        return {"status": STOPPED, "steps": self.step, "total_steps": self.total, "config_hash": self.hash}
+
+    def _forward_backward(self) -> float:
+        d, task, accum = self.dist, self.task, self.cfg.train.grad_accum
+        total = torch.zeros((), dtype=torch.float64)
+        for micro in range(accum):
+            x, y = next(self.batches)
+            shard = d.shard(len(y))
+            x, y = x[shard].to(d.device, non_blocking=True), y[shard].to(d.device, non_blocking=True)
+            sync = self.ddp.no_sync() if self.ddp is not None and micro < accum - 1 else contextlib.nullcontext()
+            with sync:
+                loss, _, _ = task.loss(self.forward_model, x, y)
+                (loss / accum).backward()
+            total += loss.detach().double().cpu()
+        return float(total) / accum
+
+    # --- records ---------------------------------------------------------------------------------
+
+    def _epoch(self) -> float:
+        return round(self.step / self.task.steps_per_epoch, 4)
+
+    def _log_train(self, rate: float, eta: float) -> None:
+        loss = sum(self.since_log) / len(self.since_log)
+        lr = self.optimizer.param_groups[0]["lr"]
+        unit = "tokens_per_s" if self.task.unit == "tokens" else "samples_per_s"
+        record = {"type": "train", "step": self.step, "epoch": self._epoch(), "loss": loss, "lr": lr,
+                  unit: rate, "time": round(self.elapsed, 3)}
+        extra = self.optimizer.diagnostics() if callable(getattr(self.optimizer, "diagnostics", None)) else {}
+        record.update({k: v for k, v in extra.items() if k not in record})
+        self.log.write(record)
+        self.since_log = []
+        if not self.quiet:
+            shown = {{"eta": "eta_t"}.get(k, k): v for k, v in extra.items() if k in ("eta", "w_norm")}
+            print(progress_line(self.step, self.total, loss, lr, rate, self.task.unit, eta, shown), flush=True)
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> tuple[float, float | None]:
+        """(mean loss, accuracy or None) over a split, the batches shared out over processes."""
+        cfg, d, task = self.cfg, self.dist, self.task
+        batch_size = cfg.eval.batch_size or min(task.micro_batch, 1000)
+        self.model.eval()
+        loss_sum = correct_sum = count_sum = 0.0
+        for i, (x, y) in enumerate(task.eval_batches(split, batch_size, cfg.eval.max_batches)):
+            if i % d.world != d.rank:
+                continue
+            x, y = x.to(d.device), y.to(d.device)
+            loss, correct, count = task.loss(self.model, x, y)
+            loss_sum += float(loss) * count
+            correct_sum += float(correct)
+            count_sum += count
+        self.model.train()
+        loss_sum, correct_sum, count_sum = distributed.all_sum(d, [loss_sum, correct_sum, count_sum])
+        if count_sum == 0:
+            return math.nan, None
+        return loss_sum / count_sum, (correct_sum / count_sum if correct_sum >= 0 else None)
+
+    def _evaluate_and_log(self) -> dict:
+        cfg = self.cfg
+        record = {"type": "eval", "step": self.step, "epoch": self._epoch(),
+                  "train_loss": sum(self.since_eval) / len(self.since_eval) if self.since_eval else None}
+        if cfg.eval.train_eval:
+            record["train_eval_loss"], record["train_eval_acc"] = self.evaluate("train")
+        split = cfg.eval.split
+        if self.task.has_split(split):
+            record[f"{split}_loss"], record[f"{split}_acc"] = self.evaluate(split)
+        record = {k: v for k, v in record.items() if v is not None}
+        self.log.write(record)
+        self.since_eval, self.last_eval = [], record
+        if not self.quiet:
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k not in ("type", "step", "epoch"))
+            print(f"eval at step {self.step}: {shown}", flush=True)
+        return record
+
+    def _base_result(self, status: str) -> dict:
+        import moga
+
+        return {"status": status, "name": self.cfg.name, "config_hash": self.hash, "steps": self.step,
+                "total_steps": self.total, "epochs": self._epoch(), "seed": self.cfg.seed,
+                "world_size": self.dist.world, "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
+                "final_window_steps": len(self.window), "moga_version": moga.__version__,
+                "torch_version": torch.__version__}
+
+    def _finish(self) -> dict:
+        record = self.last_eval if self.last_eval and self.last_eval["step"] == self.step else self._evaluate_and_log()
+        split = self.cfg.eval.split
+        result = {**self._base_result(FINISHED),
+                  "final_train_loss": sum(self.window) / len(self.window),
+                  "train_eval_loss": record.get("train_eval_loss"), "train_eval_acc": record.get("train_eval_acc"),
+                  "eval_split": split, "val_loss": record.get(f"{split}_loss"), "val_acc": record.get(f"{split}_acc"),
+                  "wall_time_s": round(self.elapsed, 3)}
+        if self.cfg.checkpoint.save_final:
+            self._save()
+        return self._write_result(result)
+
+    def _diverged(self, loss: float) -> dict:
+        self.log.write({"type": "diverged", "step": self.step, "loss": json_float(loss)})
+        if not self.quiet:
+            print(f"diverged at step {self.step}: loss {loss}", flush=True)
+        result = {**self._base_result(DIVERGED), "final_train_loss": math.inf, "train_eval_loss": math.inf,
+                  "train_eval_acc": None, "eval_split": self.cfg.eval.split, "val_loss": math.inf, "val_acc": None,
+                  "diverged_step": self.step, "diverged_loss": json_float(loss),
+                  "wall_time_s": round(self.elapsed, 3)}
+        return self._write_result(result)
+
+    def _write_result(self, result: dict) -> dict:
+        if self.dist.main:
+            _write_json_atomic(self.run_dir / RESULT, result)
+        distributed.barrier(self.dist)
+        return result

@@ -1,0 +1,124 @@
+"""Where numbers go: a JSONL file (always), a progress line, TensorBoard and W&B (when asked).
+
+``metrics.jsonl`` holds one JSON object per line with a ``type``: ``train`` (every log_every steps:
+mean loss since the last record, lr, throughput, and optimizer diagnostics such as the adaptive
+step's ``eta`` and ``w_norm``), ``eval`` (train/val loss and accuracy) and ``diverged``.
+On resume the file is cut back to where the checkpoint was taken, so no record appears twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+class MetricsLog:
+    """Append-only JSONL; ``offset`` is the byte length to restore on resume."""
+
+    def __init__(self, path: str | Path, enabled: bool = True, truncate_to: int | None = 0):
+        self.path, self.enabled = Path(path), enabled
+        self.sinks: list = []
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if truncate_to is not None:
+            with open(self.path, "a+b") as f:
+                f.truncate(truncate_to)
+        self.file = open(self.path, "a", encoding="utf-8")
+
+    @property
+    def offset(self) -> int:
+        return self.file.tell() if self.enabled else 0
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            for sink in self.sinks:
+                sink.close()
+
+
+def read_metrics(path: str | Path, type: str | None = None) -> list[dict]:
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [r for r in records if type is None or r.get("type") == type]
+
+
+# --- optional sinks ------------------------------------------------------------------------------
+
+def _scalars(record: dict) -> dict[str, float]:
+    prefix = record.get("type", "train")
+    return {f"{prefix}/{k}": float(v) for k, v in record.items()
+            if k not in ("type", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ImportError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard "
+                              "(or set logging.tensorboard=false; metrics.jsonl has every number)") from None
+        self.writer = SummaryWriter(str(log_dir))
+
+    def write(self, record: dict) -> None:
+        for k, v in _scalars(record).items():
+            self.writer.add_scalar(k, v, record.get("step", 0))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """Offline by default (WANDB_MODE=offline unless set), so a run never waits on the network."""
+
+    def __init__(self, run_dir: Path, project: str, config: dict, run_id: str):
+        try:
+            import wandb
+        except ImportError:
+            raise ImportError("logging.wandb=true needs the wandb package: pip install wandb "
+                              "(or set logging.wandb=false)") from None
+        os.environ.setdefault("WANDB_MODE", "offline")
+        self.run = wandb.init(project=project, dir=str(run_dir), config=config, id=run_id, resume="allow")
+
+    def write(self, record: dict) -> None:
+        self.run.log(_scalars(record), step=record.get("step", 0))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+# --- progress line -------------------------------------------------------------------------------
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def format_rate(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def progress_line(step: int, total: int, loss: float, lr: float, rate: float, unit: str, eta: float,
+                  extra: dict | None = None) -> str:
+    width = len(str(total))
+    parts = [f"step {step:>{width}}/{total}", f"loss {loss:.4f}", f"lr {lr:.2e}",
+             f"{format_rate(rate)} {'tok' if unit == 'tokens' else 'samples'}/s", f"eta {format_duration(eta)}"]
+    parts += [f"{k} {v:.3g}" for k, v in (extra or {}).items()]
+    return " | ".join(parts)

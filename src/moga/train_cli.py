@@ -1,0 +1,151 @@
+"""`moga train` and `moga lr-range`: command functions for the `moga` app.
+
+Register with ``app.command("train")(train)`` and ``app.command("lr-range")(lr_range)``. Under
+``torchrun`` every process runs the same command: ``torchrun --nproc-per-node 2 -m moga.train CONFIG``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import typer
+
+from moga.train.config import RunConfig
+
+_SECTIONS = ("model", "data", "optim", "schedule", "train", "eval", "checkpoint", "logging")
+
+
+def config_reference() -> str:
+    """Every config key with its default and meaning, section by section."""
+    lines = []
+    top = RunConfig.model_fields
+    for key in ("seed", "name"):
+        lines.append(f"  {key} = {top[key].default!r}: {top[key].description}")
+    for section in _SECTIONS:
+        cls = top[section].annotation
+        lines.append(f"{section}:")
+        for key, field in cls.model_fields.items():
+            default = field.default if field.default_factory is None else field.default_factory()
+            lines.append(f"  {section}.{key} = {default!r}: {field.description or ''}")
+        if section == "model":
+            lines.append("  model.<argument> = ...: any constructor argument of the model "
+                         "(residual_mlp: width, depth, activation; gpt: n_layer, n_embd, n_head, dropout, ...)")
+    return "\n".join(lines)
+
+
+def _split(config: str | None, overrides: list[str] | None) -> tuple[Path | None, list[str]]:
+    """The config file is optional: a first argument with '=' in it is an override."""
+    overrides = list(overrides or [])
+    if config is not None and "=" in config and not Path(config).is_file():
+        return None, [config, *overrides]
+    return (Path(config) if config is not None else None), overrides
+
+
+def _load(config: str | None, overrides: list[str] | None):
+    from moga.train import ConfigError, load_config
+
+    path, items = _split(config, overrides)
+    try:
+        return load_config(path, items)
+    except ConfigError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _default_run_dir(cfg) -> Path:
+    return Path("runs") / (cfg.name or f"{cfg.model.name}-{cfg.optim.name}-{cfg.hash()[:8]}")
+
+
+def train(
+    config: str = typer.Argument(None, show_default=False, metavar="[CONFIG]",
+                                 help="YAML or TOML config file (without one: defaults plus overrides)."),
+    overrides: list[str] = typer.Argument(None, show_default=False, metavar="[KEY=VALUE]...",
+                                          help="Dotted overrides, values read as YAML: optim.lr=1e-3 model.depth=8 "
+                                               "optim.betas=[0.9,0.95] data.root=null."),
+    run_dir: Path = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<name>, or "
+                                 "runs/<model>-<optim>-<hash>). Rerunning resumes it; a finished run is not "
+                                 "retrained."),
+    stop_at: int = typer.Option(None, "--stop-at", min=1, help="Checkpoint and stop after this many steps "
+                                "(run again to continue)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; print only the result."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit."),
+    keys: bool = typer.Option(False, "--keys", help="List every config key with its default and meaning, and exit."),
+) -> None:
+    """Train a model; its run directory gets config.yaml, metrics.jsonl, checkpoint.pt and result.json."""
+    if keys:
+        typer.echo(config_reference())
+        raise typer.Exit()
+    cfg = _load(config, overrides)
+    if print_config:
+        from moga.train.config import dump_yaml
+
+        typer.echo(dump_yaml(cfg), nl=False)
+        raise typer.Exit()
+    from moga.train import CheckpointError, run
+
+    directory = run_dir or _default_run_dir(cfg)
+    try:
+        result = run(cfg, directory, stop_at=stop_at, quiet=quiet)
+    except CheckpointError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    shown = {k: result.get(k) for k in ("status", "steps", "final_train_loss", "val_loss", "val_acc", "wall_time_s")
+             if k in result}
+    typer.echo(f"{directory}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
+
+
+_TRAIN_HELP = """Train a model; its run directory gets config.yaml, metrics.jsonl, checkpoint.pt and result.json.
+
+A config file (YAML, or TOML by suffix) and/or KEY=VALUE overrides set the keys below; an unknown key or a
+wrong type is an error that lists the valid keys. Rerunning the same command resumes from the checkpoint
+(bit for bit on CPU), and a finished run returns its stored result.
+
+A run that diverges (a non-finite loss, or one above train.loss_ceiling) ends with status "diverged" and exit
+code 0: it is a result, not a crash. final_train_loss is the mean training loss over the last
+eval.final_window steps (default: the last epoch). Several processes: torchrun --nproc-per-node N -m
+moga.train CONFIG [KEY=VALUE]... gives the result of one process with the same global batch.
+
+Config keys (section.key = default: meaning):
+"""
+
+
+def _paragraphs(text: str) -> str:
+    """Join the lines of each prose paragraph (rich help keeps single newlines)."""
+    return "\n\n".join(" ".join(p.split("\n")) for p in text.strip().split("\n\n"))
+
+
+train.__doc__ = _paragraphs(_TRAIN_HELP) + "\n\n" + config_reference()
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)
+
+
+def lr_range(
+    config: str = typer.Argument(None, show_default=False, metavar="[CONFIG]", help="YAML or TOML config file."),
+    overrides: list[str] = typer.Argument(None, show_default=False, metavar="[KEY=VALUE]...",
+                                          help="Dotted overrides, as for `moga train`."),
+    out_dir: Path = typer.Option(Path("lr_range"), "--out", "-o", help="Where lr_range.json and lr_range.png go."),
+    lr_min: float = typer.Option(1e-5, "--lr-min", min=0, help="Smallest learning rate."),
+    lr_max: float = typer.Option(10.0, "--lr-max", min=0, help="Largest learning rate."),
+    steps: int = typer.Option(100, "--steps", min=3, help="sweep: steps from lr_min to lr_max."),
+    mode: str = typer.Option("sweep", "--mode", help="sweep (Smith: one run, lr grows every step) or restart "
+                             "(the paper: each lr trains the initial model for --steps-per-lr steps)."),
+    num_lrs: int = typer.Option(8, "--num-lrs", min=2, help="restart: number of learning rates."),
+    steps_per_lr: int = typer.Option(None, "--steps-per-lr", min=1, help="restart: steps per lr (default: one epoch)."),
+) -> None:
+    """Learning-rate range test: loss against exponentially growing lr, a suggested lr, a plot."""
+    cfg = _load(config, overrides)
+    from moga.train import lr_range_test
+
+    try:
+        result = lr_range_test(cfg, out_dir, lr_min=lr_min, lr_max=lr_max, steps=steps, mode=mode,
+                               num_lrs=num_lrs, steps_per_lr=steps_per_lr)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    typer.echo(json.dumps({"suggestion": result["suggestion"], "plot": result.get("plot"),
+                           "json": str(out_dir / "lr_range.json")}, indent=1))

@@ -1,0 +1,65 @@
+"""Small, fast configs over real data (scikit-learn digits, a slice of tiny Shakespeare)."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+TINY = {
+    "seed": 0,
+    "model": {"name": "residual_mlp", "width": 16, "depth": 2},
+    "data": {"name": "digits"},
+    "optim": {"name": "moga", "lr": 0.05},
+    "train": {"steps": 12, "batch_size": 32},
+    "eval": {"every": 5},
+    "checkpoint": {"every": 4},
+    "logging": {"progress": False, "log_every": 2},
+}
+
+
+def tiny(**sections) -> dict:
+    """TINY with sections merged in: tiny(optim={"name": "adamw"})."""
+    return merge(TINY, sections)
+
+
+@pytest.fixture
+def text_file(tmp_path, monkeypatch) -> Path:
+    """30k characters of tiny Shakespeare (or a stand-in), with the token cache in tmp_path."""
+    monkeypatch.setenv("MOGA_CACHE", str(tmp_path / "cache"))
+    if SHAKESPEARE.is_file():
+        text = SHAKESPEARE.read_text(encoding="utf-8")[:30_000]
+    else:
+        text = "".join(f"To be, or not to be, line {i}: that is the question.\n" for i in range(600))
+    path = tmp_path / "corpus.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def gpt_config(text_path: Path, **sections) -> dict:
+    """A 2-block char-level GPT with dropout (so resuming must restore the torch RNG)."""
+    cfg = merge(TINY, {"data": {"name": "text", "text_path": str(text_path), "block_size": 16},
+                       "train": {"batch_size": 8}, "eval": {"max_batches": 2}})
+    cfg["model"] = {"name": "gpt", "n_layer": 2, "n_embd": 16, "n_head": 2, "dropout": 0.1}
+    return merge(cfg, sections)
+
+
+def same_tensors(a, b) -> bool:
+    """Bitwise equality of two (nested) state dicts."""
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b))
+    return a == b

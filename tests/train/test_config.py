@@ -1,0 +1,137 @@
+"""The config schema: files, overrides, and errors that say what is valid."""
+
+import pytest
+from typer.testing import CliRunner
+
+from moga.train import ConfigError, build_config, config_diff, config_hash, load_config
+from moga.train.build import model_kwargs
+
+from .conftest import tiny
+
+
+def test_yaml_file_with_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  name: residual_mlp\n  depth: 4\noptim:\n  name: moga\n  lr: 1e-3\n"
+                    "train:\n  steps: 10\n")
+    cfg = load_config(path, ["optim.lr=0.1", "model.depth=8", "optim.betas=[0.9, 0.95]", "train.loss_ceiling=1e2",
+                             "schedule.name=cosine", "schedule.warmup_fraction=0.1"])
+    assert cfg.optim.lr == 0.1 and cfg.model.kwargs == {"depth": 8}
+    assert cfg.optim.betas == (0.9, 0.95)
+    assert cfg.train.loss_ceiling == 100.0
+    assert load_config(path).optim.lr == 1e-3  # YAML 1.1 would read "1e-3" as a string
+
+
+def test_toml_file(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('seed = 3\n[optim]\nname = "adamw"\nlr = 3e-4\n[train]\nepochs = 2\nbatch_size = "full"\n')
+    cfg = load_config(path)
+    assert (cfg.seed, cfg.optim.name, cfg.optim.lr, cfg.train.epochs, cfg.train.batch_size) == (
+        3, "adamw", 3e-4, 2.0, "full")
+
+
+def test_unknown_key_lists_the_valid_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.steps=5", "optim.lrr=0.1"])
+    msg = str(e.value)
+    assert "optim.lrr" in msg and "did you mean 'lr'" in msg
+    for key in ("name", "lr", "weight_decay", "momentum", "betas", "p"):
+        assert key in msg
+    with pytest.raises(ConfigError, match="valid keys in the top level: seed, name, model, data, optim"):
+        load_config(None, ["train.steps=5", "optimizer.lr=0.1"])
+
+
+def test_wrong_types_and_values_are_named():
+    with pytest.raises(ConfigError, match=r"train\.steps: .*integer.*'many'"):
+        load_config(None, ["train.steps=many"])
+    with pytest.raises(ConfigError, match=r"optim\.name: .*'moga', 'muon'"):
+        load_config(None, ["train.steps=5", "optim.name=lion"])
+    with pytest.raises(ConfigError, match=r"optim\.lr: .*greater than or equal to 0"):
+        load_config(None, ["train.steps=5", "optim.lr=-1"])
+    with pytest.raises(ConfigError, match="batch_size must be > 0 or 'full'"):
+        load_config(None, ["train.steps=5", "train.batch_size=0"])
+    with pytest.raises(ConfigError, match="not key=value"):
+        load_config(None, ["train.steps"])
+
+
+def test_contradictions():
+    with pytest.raises(ConfigError, match="train.steps or train.epochs"):
+        build_config({})
+    with pytest.raises(ConfigError, match="not both"):
+        build_config({"train": {"steps": 5, "epochs": 1}})
+    with pytest.raises(ConfigError, match="p does not apply to optimizer adamw"):
+        build_config(tiny(optim={"name": "adamw", "p": 2}))
+    with pytest.raises(ConfigError, match="block_size does not apply to image data"):
+        build_config(tiny(data={"block_size": 32}))
+    with pytest.raises(ConfigError, match="give one warmup length"):
+        build_config(tiny(schedule={"name": "cosine", "warmup_steps": 3, "warmup_fraction": 0.1}))
+    with pytest.raises(ConfigError, match="has no warmup"):
+        build_config(tiny(schedule={"warmup_steps": 3}))
+
+
+def test_model_arguments_are_checked_against_the_constructor():
+    cfg = build_config(tiny(model={"widht": 8}))
+    with pytest.raises(ConfigError) as e:
+        model_kwargs(cfg, {"in_features": 64})
+    assert "model.widht" in str(e.value) and "width" in str(e.value) and "depth_scaling" in str(e.value)
+    gpt = build_config({"model": {"name": "gpt", "n_layer": 2}, "train": {"steps": 1}})
+    assert model_kwargs(gpt, {"vocab_size": 65, "block_size": 16, "in_features": 3}) == {
+        "n_layer": 2, "vocab_size": 65, "block_size": 16}
+    with pytest.raises(ConfigError, match="not both"):
+        model_kwargs(build_config(tiny(model={"alpha": 0.5, "depth_scaling": "inverse_depth"})))
+
+
+def test_hash_ignores_logging_and_diff_names_keys():
+    a = build_config(tiny())
+    b = build_config(tiny(logging={"log_every": 7}, checkpoint={"every": 100}, name="label"))
+    c = build_config(tiny(optim={"lr": 0.1}, model={"depth": 3}))
+    assert config_hash(a) == config_hash(b) != config_hash(c)
+    assert config_diff(a, c) == ["model.depth: 2 -> 3", "optim.lr: 0.05 -> 0.1"]
+
+
+def _app():
+    import typer
+
+    from moga.train_cli import lr_range, train
+
+    app = typer.Typer(add_completion=False)
+    app.command("train")(train)
+    app.command("lr-range")(lr_range)
+    return app
+
+
+def test_cli_help_documents_every_key():
+    from moga.train.config import RunConfig
+
+    out = CliRunner().invoke(_app(), ["train", "--help"], terminal_width=200).output
+    for section in ("model", "data", "optim", "schedule", "train", "eval", "checkpoint", "logging"):
+        for key in RunConfig.model_fields[section].annotation.model_fields:
+            assert f"{section}.{key}" in out
+    for option in ("--run-dir", "--stop-at", "--quiet", "--print-config", "--keys"):
+        assert option in out
+
+
+def test_cli_reports_config_errors_and_prints_configs(tmp_path):
+    runner = CliRunner()
+    bad = runner.invoke(_app(), ["train", "train.steps=3", "optim.lrr=1"], terminal_width=200)
+    assert bad.exit_code == 2 and "optim.lrr" in bad.output
+    good = runner.invoke(_app(), ["train", "train.steps=3", "optim.lr=0.5", "--print-config"])
+    assert good.exit_code == 0 and "lr: 0.5" in good.output
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  steps: 4\n")
+    out = runner.invoke(_app(), ["train", str(path), "model.width=8", "--print-config"])
+    assert out.exit_code == 0 and "width: 8" in out.output and "steps: 4" in out.output
+
+
+def test_cli_trains_stops_resumes_and_reports(tmp_path):
+    runner = CliRunner()
+    args = ["train", "model.width=8", "model.depth=1", "train.steps=6", "train.batch_size=32", "optim.lr=0.05",
+            "logging.log_every=2", "-o", str(tmp_path / "run")]
+    stopped = runner.invoke(_app(), args + ["--stop-at", "3"])
+    assert stopped.exit_code == 0 and "status stopped" in stopped.output and "step 2/6" in stopped.output
+    done = runner.invoke(_app(), args + ["-q"])
+    assert done.exit_code == 0 and "status finished" in done.output and "step 4/6" not in done.output
+    diverged = runner.invoke(_app(), ["train", "train.steps=20", "optim.name=sgd", "optim.lr=1e8", "-q",
+                                      "-o", str(tmp_path / "boom")])
+    assert diverged.exit_code == 0 and "status diverged" in diverged.output
+    other = runner.invoke(_app(), args[:-2] + ["optim.lr=0.1", "-o", str(tmp_path / "run")])
+    assert other.exit_code == 1 and "optim.lr: 0.05 -> 0.1" in other.output

@@ -1,0 +1,233 @@
+"""The engine: results and run directories, bitwise resume, divergence, checkpoints, every optimizer."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from moga.train import CheckpointError, build_config, read_metrics, run
+from moga.train.checkpoint import save_checkpoint
+
+from .conftest import gpt_config, same_tensors, tiny
+
+TIMING = ("time", "samples_per_s", "tokens_per_s")
+
+
+def records(run_dir):
+    """metrics.jsonl without the wall-clock fields."""
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def final_model(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_a_run_writes_its_directory(tmp_path):
+    result = run(tiny(), tmp_path / "run")
+    files = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "checkpoint.pt", "result.json", "plan.txt"} <= files
+    assert result["status"] == "finished" and result["steps"] == 12
+    assert json.loads((tmp_path / "run" / "result.json").read_text()) == result
+    for key in ("final_train_loss", "val_loss", "val_acc", "train_eval_loss", "wall_time_s", "config_hash"):
+        assert result[key] is not None
+    assert result["config_hash"] == build_config(tiny()).hash()
+    # digits: 1437 training images, batch 32 -> 44 steps per epoch, so the window is the whole 12-step run
+    assert result["final_window_steps"] == 12
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl", "train")]
+    assert [r["step"] for r in train] == [2, 4, 6, 8, 10, 12]
+    assert result["final_train_loss"] == pytest.approx(sum(r["loss"] for r in train) / 6)
+    evals = read_metrics(tmp_path / "run" / "metrics.jsonl", "eval")
+    assert [r["step"] for r in evals] == [5, 10, 12] and evals[-1]["val_loss"] == result["val_loss"]
+
+
+@pytest.mark.parametrize("make", ["mlp", "gpt"])
+def test_resumed_run_equals_the_uninterrupted_one_bit_for_bit(tmp_path, make, request):
+    if make == "mlp":  # MOGA (momentum, Adam on vectors), a cosine schedule, random crops and flips
+        cfg = tiny(schedule={"name": "cosine", "warmup_steps": 3}, train={"steps": 14}, data={"augment": True})
+    else:  # a GPT with dropout: the torch RNG must be restored too; AdamW; gradient accumulation
+        cfg = gpt_config(request.getfixturevalue("text_file"), optim={"name": "adamw", "lr": 3e-3},
+                         train={"steps": 10, "grad_accum": 2})
+    whole = run(cfg, tmp_path / "whole")
+    stopped = run(cfg, tmp_path / "parts", stop_at=7)  # past the checkpoint at 4: resume at 7 exactly
+    assert stopped["status"] == "stopped" and stopped["steps"] == 7
+    assert not (tmp_path / "parts" / "result.json").exists()
+    resumed = run(cfg, tmp_path / "parts")
+    assert same_tensors(final_model(tmp_path / "whole"), final_model(tmp_path / "parts"))
+    assert records(tmp_path / "whole") == records(tmp_path / "parts")  # no record lost or doubled
+    strip = lambda r: {k: v for k, v in r.items() if k != "wall_time_s"}  # noqa: E731
+    assert strip(whole) == strip(resumed)
+
+
+def test_resume_from_a_periodic_checkpoint_after_a_crash(tmp_path):
+    cfg = tiny(train={"steps": 10})
+    run(cfg, tmp_path / "whole")
+    crash = tmp_path / "crash"
+    run(cfg, crash, stop_at=4)
+    at_step_4 = (crash / "checkpoint.pt").read_bytes()
+    run(cfg, crash, stop_at=8)  # steps 5..8 logged metrics; then the process "dies" before its next save:
+    (crash / "checkpoint.pt").write_bytes(at_step_4)
+    assert len(records(crash)) > len(records(tmp_path / "whole")) - 3
+    run(cfg, crash)
+    assert same_tensors(final_model(tmp_path / "whole"), final_model(crash))
+    assert records(tmp_path / "whole") == records(crash)  # the records after step 4 were cut, then redone
+
+
+def test_a_finished_run_returns_its_result_without_training(tmp_path):
+    first = run(tiny(), tmp_path / "run")
+    stamp = (tmp_path / "run" / "checkpoint.pt").stat().st_mtime_ns
+    again = run(tiny(logging={"log_every": 3}), tmp_path / "run")  # logging keys are not part of the hash
+    assert again == first
+    assert (tmp_path / "run" / "checkpoint.pt").stat().st_mtime_ns == stamp
+
+
+def test_another_config_is_refused_with_the_differing_keys(tmp_path):
+    run(tiny(), tmp_path / "done")
+    with pytest.raises(CheckpointError, match=r"optim\.lr: 0\.05 -> 0\.1"):
+        run(tiny(optim={"lr": 0.1}), tmp_path / "done")
+    run(tiny(), tmp_path / "half", stop_at=4)
+    with pytest.raises(CheckpointError) as e:
+        run(tiny(model={"depth": 3}, train={"batch_size": 16}), tmp_path / "half")
+    assert "model.depth: 2 -> 3" in str(e.value) and "train.batch_size: 32 -> 16" in str(e.value)
+
+
+def test_corrupted_and_foreign_checkpoints_are_reported(tmp_path):
+    run(tiny(), tmp_path / "run", stop_at=4)
+    path = tmp_path / "run" / "checkpoint.pt"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # truncated, as by a full disk
+    with pytest.raises(CheckpointError, match="corrupted"):
+        run(tiny(), tmp_path / "run")
+    path.write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(CheckpointError, match="corrupted"):
+        run(tiny(), tmp_path / "run")
+    torch.save({"model": {}}, path)
+    with pytest.raises(CheckpointError, match="not a moga training checkpoint"):
+        run(tiny(), tmp_path / "run")
+    save_checkpoint(path, {"config": {}, "config_hash": "x", "step": 0, "model": {}, "optimizer": {}})
+    state = torch.load(path, weights_only=True)
+    state["version"] = 99
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="version 99"):
+        run(tiny(), tmp_path / "run")
+
+
+def test_saves_are_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, {"step": 1})
+
+    def broken(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, {"step": 2})
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1  # the old checkpoint is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]  # and no temporary file is left
+
+
+@pytest.mark.parametrize("case", ["nonfinite", "ceiling"])
+def test_divergence_is_a_result_not_a_crash(tmp_path, case):
+    if case == "nonfinite":
+        cfg = tiny(optim={"name": "sgd", "lr": 1e6}, train={"steps": 30})
+    else:
+        cfg = tiny(optim={"name": "sgd", "lr": 3.0}, train={"steps": 30, "loss_ceiling": 2.5})
+    result = run(cfg, tmp_path / "run")
+    assert result["status"] == "diverged"
+    assert result["final_train_loss"] == math.inf and result["val_loss"] == math.inf
+    assert 0 < result["diverged_step"] < 30
+    stored = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert stored["status"] == "diverged" and stored["final_train_loss"] == math.inf
+    events = read_metrics(tmp_path / "run" / "metrics.jsonl", "diverged")
+    assert len(events) == 1 and events[0]["step"] == result["diverged_step"]
+    if case == "ceiling":
+        assert events[0]["loss"] > 2.5
+    assert run(cfg, tmp_path / "run") == stored  # recorded like any other result
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("moga", {"p": 1.5}), ("muon", {}), ("adamw", {"weight_decay": 0.1}), ("adamw-scaled", {}),
+    ("sgd", {"momentum": 0.9}), ("adaptive-gd", {}),
+])
+def test_every_optimizer_trains(tmp_path, name, extra):
+    lr = {"moga": 0.05, "muon": 0.05, "adamw": 3e-3, "adamw-scaled": 0.03, "sgd": 0.05, "adaptive-gd": 1.0}[name]
+    cfg = tiny(optim={"name": name, "lr": lr, **extra}, train={"steps": 20}, eval={"every": 0},
+               checkpoint={"every": 0})
+    result = run(cfg, tmp_path / name)
+    assert result["status"] == "finished"
+    train = read_metrics(tmp_path / name / "metrics.jsonl", "train")
+    assert train[-1]["loss"] < train[0]["loss"]
+
+
+def test_adaptive_gd_full_batch_through_the_engine(tmp_path):
+    cfg = {"model": {"name": "feedforward", "width": 32, "depth": 4, "activation": "gelu"},
+           "data": {"name": "synthetic", "in_features": 8, "n_train": 128},
+           "optim": {"name": "adaptive-gd", "lr": 0.5}, "train": {"steps": 60, "batch_size": "full"},
+           "logging": {"log_every": 1, "progress": False}, "checkpoint": {"every": 0}}
+    result = run(cfg, tmp_path / "run")
+    train = read_metrics(tmp_path / "run" / "metrics.jsonl", "train")
+    losses = [r["loss"] for r in train]
+    assert len(losses) == 60 and all(b <= a for a, b in zip(losses, losses[1:]))
+    assert all(r["eta"] > 0 and r["w_norm"] > 0 for r in train)  # eta_t and ||W_t|| logged every step
+    assert train[0]["w0_norm"] == train[0]["w_norm"]
+    # A full-batch epoch is one step, so the final-epoch loss is the last step's loss.
+    assert result["final_window_steps"] == 1 and result["final_train_loss"] == losses[-1]
+    assert result["epochs"] == 60
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    one = run(tiny(optim={"name": "sgd", "lr": 0.1}), tmp_path / "one")
+    two = run(tiny(optim={"name": "sgd", "lr": 0.1}, train={"grad_accum": 4}), tmp_path / "acc")
+    a, b = final_model(tmp_path / "one"), final_model(tmp_path / "acc")
+    for k in a:
+        if torch.is_tensor(a[k]):
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    assert one["final_train_loss"] == pytest.approx(two["final_train_loss"], rel=1e-5)
+
+
+def test_epochs_regression_losses_and_depth_scaling(tmp_path):
+    cfg = tiny(model={"depth": 4, "depth_scaling": "inverse_depth"}, train={"steps": None, "epochs": 0.5},
+               eval={"every": 0, "final_window": 5})
+    result = run(cfg, tmp_path / "scaled")
+    assert result["steps"] == 22 and result["final_window_steps"] == 5  # 44 steps per epoch
+    model = final_model(tmp_path / "scaled")
+    assert model["blocks.0.branch.residual_scale._extra_state"] == {"alpha": 0.5}  # k_base / K = 2 / 4
+    for loss in ("mse", "bce"):
+        r = run(tiny(train={"loss": loss}), tmp_path / loss)
+        assert r["status"] == "finished" and r["val_acc"] is not None
+    r = run({"data": {"name": "synthetic", "out_features": 3}, "model": {"name": "feedforward", "width": 8, "depth": 2},
+             "optim": {"name": "adamw"}, "train": {"steps": 5, "loss": "bce", "batch_size": 64},
+             "logging": {"progress": False}}, tmp_path / "synthetic-bce")
+    assert 0 <= r["val_acc"] <= 1
+
+
+def test_evaluation_every_epoch(tmp_path):
+    cfg = tiny(train={"steps": 90, "batch_size": 64}, eval={"every": "epoch", "max_batches": 1},
+               checkpoint={"every": 0}, logging={"log_every": 30})
+    run(cfg, tmp_path / "run")  # 1437 images / 64 = 22 steps per epoch
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl", "eval")] == [22, 44, 66, 88, 90]
+
+
+def test_your_own_model_by_import_path(tmp_path):
+    cfg = tiny(data={"flatten": True})  # a model the engine does not know gets images as they are unless told
+    cfg["model"] = {"name": "torch.nn:Linear", "in_features": 64, "out_features": 10}
+    result = run(cfg, tmp_path / "linear")
+    train = read_metrics(tmp_path / "linear" / "metrics.jsonl", "train")
+    assert result["status"] == "finished" and train[-1]["loss"] < train[0]["loss"]
+
+
+def test_compile_path_runs(tmp_path):
+    result = run(tiny(train={"compile": "eager", "steps": 4}), tmp_path / "compiled")
+    assert result["status"] == "finished"
+
+
+def test_missing_tensorboard_is_a_clear_error(tmp_path):
+    try:
+        import tensorboard  # noqa: F401
+        pytest.skip("tensorboard is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="pip install tensorboard"):
+        run(tiny(logging={"tensorboard": True}), tmp_path / "tb")
