@@ -40,7 +40,8 @@ def sweep(
             spec = store.definition()["spec"]
         except SweepError as e:
             raise typer.BadParameter(str(e)) from None
-        console.print(status_table(store, spec["lr_key"], metric))
+        table = status_table(store, spec["lr_key"], metric)
+        Console(width=max(console.width, 40 + 9 * len(table.columns))).print(table)  # never squash the grid
         return
     if directory is not None:
         raise typer.BadParameter(f"unexpected argument {directory}; to show a sweep use: moga sweep status DIR")

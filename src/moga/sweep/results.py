@@ -48,9 +48,9 @@ def status_table(store: SweepStore, lr_key: str, metric: str = "final_train_loss
     counts = store.counts()
     table = Table(title=f"{metric} by {lr_key}  ({', '.join(f'{k} {v}' for k, v in counts.items() if v)})")
     for k in row_keys:
-        table.add_column(k)
+        table.add_column(k.rsplit(".", 1)[-1], no_wrap=True)
     for lr in lrs:
-        table.add_column(format_lr(lr), justify="right")
+        table.add_column(format_lr(lr), justify="right", no_wrap=True)
     for key, by_lr in rows.items():
         table.add_row(*map(str, key), *(_mark(by_lr.get(lr), metric) for lr in lrs))
     return table

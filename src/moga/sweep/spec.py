@@ -52,7 +52,7 @@ class SweepSpec(BaseModel):
     name: str | None = Field(None, description="a label for the sweep")
     base: str | dict = Field(description="the training config: a file (relative to the sweep file) or a mapping")
     overrides: dict[str, Any] = Field(default_factory=dict, description="dotted key -> value for every cell")
-    axes: dict[str, list | dict] = Field(description="dotted key -> values, or a dependent axis {by, values}")
+    axes: dict[str, Any] = Field(description="dotted key -> values, or a dependent axis {by, values}")
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="cells matching an entry are dropped")
     scale_key: str = Field("model.depth", description="axis of model scale (one curve per value in the report)")
     lr_key: str = Field("optim.lr", description="the learning-rate axis (x of the report's figures)")
@@ -173,18 +173,16 @@ class Sweep:
         return cells
 
     def _validate_cells(self) -> None:
+        from moga.train.build import model_kwargs
+
+        for cell in self.cells:
+            try:
+                model_kwargs(self.config(cell))  # also checks the model's own keys against its constructor
+            except ConfigError as e:
+                raise SweepError(f"cell {cell} does not make a valid training config: {e}") from None
         for key in (self.spec.scale_key, self.spec.lr_key):
             if key not in self.spec.axes:
                 raise SweepError(f"{key!r} is not an axis; set scale_key/lr_key to one of {list(self.spec.axes)}")
-        seen_errors = {}
-        for cell in self.cells:
-            try:
-                self.config(cell)
-            except ConfigError as e:
-                seen_errors.setdefault(str(e), cell)
-        if seen_errors:
-            msg, cell = next(iter(seen_errors.items()))
-            raise SweepError(f"cell {cell} does not make a valid training config: {msg}")
 
     def config_dict(self, cell: Mapping) -> dict:
         data = json.loads(json.dumps(self.base))

@@ -1,0 +1,169 @@
+"""Real sweeps end to end: workers, SIGKILL and restart, concurrent processes, divergence, Ray."""
+
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moga.sweep.executor import run_sweep
+from moga.sweep.results import records
+from moga.sweep.spec import Sweep
+from moga.sweep.store import SweepStore
+
+BASE = {
+    "seed": 0,
+    "model": {"name": "residual_mlp", "width": 16},
+    "data": {"name": "digits"},
+    "optim": {"name": "moga", "lr": 0.1},
+    "schedule": {"name": "cosine", "warmup_fraction": 0.1},
+    "train": {"steps": 12, "batch_size": 32},
+    "eval": {"every": 0, "train_eval": False},
+    "checkpoint": {"every": 3},
+    "logging": {"progress": False},
+}
+AXES = {
+    "optim.name": ["moga", "adamw"],
+    "model.depth": [1, 3],
+    "optim.lr": {"by": "optim.name", "values": {"moga": [0.05, 0.1], "adamw": [0.003, 0.01]}},
+}
+
+
+def write_sweep(tmp_path: Path, axes=AXES, **extra) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": BASE, "axes": axes, "scale_key": "model.depth", **extra}))
+    return path
+
+
+def finish_events(store: SweepStore) -> Counter:
+    return Counter(e["cell"] for e in store.events() if e["event"] in ("finished", "diverged", "skipped"))
+
+
+def final_losses(store: SweepStore) -> dict:
+    return {c["id"]: (c["status"], c["result"]["final_train_loss"], c["result"]["val_loss"]) for c in store.cells()}
+
+
+def moga_sweep(config: Path, out: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "moga", "sweep", str(config), "--out", str(out), "--quiet", *extra]
+    return subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def test_tiny_sweep_end_to_end(tmp_path):
+    sweep = Sweep.from_file(write_sweep(tmp_path))
+    counts = run_sweep(sweep, tmp_path / "out", workers=2, progress=False)
+    assert counts["finished"] == len(sweep.cells) == 8
+    store = SweepStore(tmp_path / "out")
+    assert set(finish_events(store).values()) == {1}
+    rows = records(store)
+    assert len(rows) == 8 and all(math.isfinite(r["train_loss"]) for r in rows)
+    for cell in store.cells():  # the store and the run directory agree
+        on_disk = yaml.safe_load((store.cell_dir(cell["id"]) / "result.json").read_text())
+        assert on_disk["final_train_loss"] == cell["result"]["final_train_loss"]
+    # Running it again does nothing: every cell is settled.
+    before = len(store.events())
+    assert run_sweep(sweep, tmp_path / "out", workers=1, progress=False)["finished"] == 8
+    assert len(store.events()) == before
+
+    from moga.sweep.report import write_report
+
+    paths = write_report(rows, tmp_path / "report", scale_key="model.depth", formats=("png",))
+    assert (tmp_path / "report" / "report.html").is_file() and paths
+
+
+def test_a_changed_config_is_refused(tmp_path):
+    run_sweep(Sweep.from_file(write_sweep(tmp_path, axes={**AXES, "model.depth": [1]})), tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match="different sweep"):
+        run_sweep(Sweep.from_file(write_sweep(tmp_path)), tmp_path / "out", progress=False)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline and "pytest" not in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp_path):
+    # Cells long enough to be killed mid-run (60 steps, checkpoints every 3).
+    slow = {**BASE, "train": {"steps": 60, "batch_size": 32}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": slow, "axes": AXES, "scale_key": "model.depth"}))
+    reference = SweepStore(tmp_path / "reference")
+    run_sweep(Sweep.from_file(path), reference.dir, workers=1, progress=False)
+
+    out = tmp_path / "chaos"
+    rng = random.Random(7)
+    for round_ in range(4):
+        proc = moga_sweep(path, out, "--workers", "2")
+        time.sleep(rng.uniform(2.0, 5.0))
+        if round_ == 3:
+            os.kill(proc.pid, signal.SIGKILL)  # only the parent: its workers must notice and stop
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole process group
+        proc.wait()
+    deadline = time.time() + 15
+    while _processes_mentioning(str(out)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _processes_mentioning(str(out)), "workers outlived their killed parent"
+
+    final = moga_sweep(path, out, "--workers", "2")
+    assert final.wait(timeout=300) == 0, final.stderr.read().decode()
+    store = SweepStore(out)
+    assert finish_events(store) == Counter({c["id"]: 1 for c in store.cells()})  # each cell finished exactly once
+    assert final_losses(store) == final_losses(reference)  # bit for bit, resumed or not
+    assert any(e["event"] == "retake" for e in store.events())  # the kills did interrupt cells
+
+
+def test_two_processes_share_a_sweep_without_running_a_cell_twice(tmp_path):
+    path = write_sweep(tmp_path)
+    out = tmp_path / "out"
+    SweepStore(out).create_or_check(Sweep.from_file(path))
+    procs = [moga_sweep(path, out, "--workers", "1") for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    store = SweepStore(out)
+    claims = Counter(e["cell"] for e in store.events() if e["event"] in ("claim", "retake"))
+    assert claims == Counter({c["id"]: 1 for c in store.cells()})
+    assert finish_events(store) == claims
+    owners = {e["owner"] for e in store.events() if e["event"] == "claim"}
+    assert len(owners) == 2  # both processes did work
+
+
+def test_diverged_cells_are_data_and_early_stop_skips_larger_rates(tmp_path):
+    axes = {"optim.name": ["adamw"], "model.depth": [2], "optim.lr": [0.001, 30.0, 300.0]}
+    base = {**BASE, "train": {"steps": 20, "batch_size": 32, "loss_ceiling": 20.0}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": base, "axes": axes, "scale_key": "model.depth",
+                                    "early_stop_diverged": True}))
+    counts = run_sweep(Sweep.from_file(path), tmp_path / "out", workers=1, progress=False)
+    assert (counts["finished"], counts["diverged"], counts["skipped"]) == (1, 1, 1)
+    rows = {r["optim.lr"]: r for r in records(SweepStore(tmp_path / "out"))}
+    assert math.isfinite(rows[0.001]["train_loss"])
+    assert rows[30.0]["status"] == "diverged" and rows[30.0]["train_loss"] == math.inf
+    assert rows[300.0]["status"] == "skipped" and rows[300.0]["train_loss"] == math.inf
+
+
+def test_ray_executor(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'moga[ray]')")
+    import ray
+
+    sweep = Sweep.from_file(write_sweep(tmp_path))
+    try:
+        counts = run_sweep(sweep, tmp_path / "out", workers=2, executor="ray", progress=False)
+    finally:
+        ray.shutdown()
+    assert counts["finished"] == 8
+    assert set(finish_events(SweepStore(tmp_path / "out")).values()) == {1}

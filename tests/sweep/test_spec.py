@@ -1,0 +1,64 @@
+"""Grid expansion and the errors a bad sweep config gives before anything runs."""
+
+import pytest
+
+from moga.sweep.spec import Sweep, SweepError, cell_id
+
+BASE = {
+    "model": {"name": "residual_mlp", "width": 8},
+    "data": {"name": "digits"},
+    "optim": {"name": "moga", "lr": 0.1},
+    "train": {"steps": 3, "batch_size": 16},
+}
+
+
+def sweep(**spec):
+    return Sweep.from_dict({"base": BASE, **spec})
+
+
+def test_plain_and_dependent_axes_expand_in_order():
+    s = sweep(
+        axes={
+            "optim.name": ["adamw", "moga"],
+            "model.depth": [2, 8],
+            "optim.lr": {"by": "optim.name", "values": {"adamw": [1e-3, 2e-3], "moga": {"pow2": [-3, -1]}}},
+        },
+        exclude=[{"optim.name": "adamw", "model.depth": 8}],
+    )
+    assert len(s.cells) == 2 * 1 + 2 * 3  # adamw only at depth 2; moga at both depths, three lrs each
+    assert s.cells[0] == {"optim.name": "adamw", "model.depth": 2, "optim.lr": 1e-3}
+    assert [c["optim.lr"] for c in s.cells if c["optim.name"] == "moga" and c["model.depth"] == 8] == [0.125, 0.25, 0.5]
+    assert s.config(s.cells[-1]).optim.lr == 0.5 and s.config(s.cells[-1]).model.kwargs["depth"] == 8
+    ids = [cell_id(c) for c in s.cells]
+    assert len(set(ids)) == len(ids)
+    assert ids == [cell_id(c) for c in sweep(**{k: v for k, v in s.spec.model_dump().items()
+                                                if k in ("axes", "exclude")}).cells]
+
+
+def test_overrides_apply_to_every_cell():
+    s = sweep(overrides={"train.steps": 7}, axes={"optim.lr": [0.1, 0.2], "model.depth": [2]})
+    assert all(s.config(c).train.steps == 7 for c in s.cells)
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ({"axes": {"optim.lrr": [0.1], "model.depth": [2]}}, "unknown key 'optim.lrr'"),
+        ({"axes": {"optim.lr": ["fast"], "model.depth": [2]}}, "optim.lr"),
+        ({"axes": {"optim.lr": [], "model.depth": [2]}}, "is empty"),
+        ({"axes": {"optim.lr": 0.1, "model.depth": [2]}}, "must be a list"),
+        ({"axes": {"optim.lr": [0.1, 0.1], "model.depth": [2]}}, "repeats"),
+        ({"axes": {}}, "at least one axis"),
+        ({"axes": {"optim.lr": [0.1], "model.depth": [2]}, "colour": "red"}, "unknown sweep key 'colour'"),
+        ({"axes": {"optim.lr": {"pow2": [-1, -3]}, "model.depth": [2]}}, "lo <= hi"),
+        ({"axes": {"optim.name": ["moga"], "model.depth": [2],
+                   "optim.lr": {"by": "optim.name", "values": {"adamw": [0.1]}}}}, "missing"),
+        ({"axes": {"optim.lr": [0.1], "model.depth": [2]}, "exclude": [{"optim.lr": 0.1}]}, "every cell is excluded"),
+        ({"axes": {"optim.lr": [0.1], "model.depth": [2]}, "exclude": [{"model.width": 8}]}, "not axes"),
+        ({"axes": {"optim.lr": [0.1], "model.width": [8]}}, "'model.depth' is not an axis"),
+        ({"axes": {"optim.lr": [0.1], "model.depth": [2], "model.dept": [1]}}, "model.dept"),
+    ],
+)
+def test_bad_sweeps_fail_before_running(spec, match):
+    with pytest.raises(SweepError, match=match):
+        sweep(**spec)
