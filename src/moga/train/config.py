@@ -126,6 +126,9 @@ _OPTIM_KEYS = {  # the optional keys each optimizer reads; setting another is an
 }
 
 
+STEP_RULE_OPTIMIZERS = ("moga", "muon", "adamw-scaled")  # the geometry optimizers, whose steps are lr x unit
+
+
 class OptimConfig(_Section):
     name: Literal["moga", "muon", "adamw", "adamw-scaled", "sgd", "adaptive-gd"] = Field(
         "moga", description="moga, muon, adamw (torch.optim.AdamW), adamw-scaled, sgd, adaptive-gd")
@@ -146,6 +149,13 @@ class OptimConfig(_Section):
                                "(default: from the model)")
     overrides: dict[str, str] | None = Field(None, description="role-plan overrides {parameter glob: role}")
     nonfinite: Literal["skip", "raise"] | None = Field(None, description="moga family: non-finite gradients")
+    step_rule: Literal["lr", "depth_paper"] = Field(
+        "lr", description="lr: the schedule's rate; depth_paper (moga, muon, adamw-scaled): "
+        "lr_t = min(schedule lr, ||grad||_block,* / L), the depth paper's eta* = ||grad||_*/L, so optim.lr is a cap")
+    smoothness: float | None = Field(None, gt=0, description="depth_paper: a measured block smoothness L "
+                                     "(default: a running EMA of the trajectory smoothness on a probe batch)")
+    smoothness_every: int = Field(10, gt=0, description="depth_paper, running L: measure it every N steps "
+                                  "(two extra forward-backward passes each)")
 
     @model_validator(mode="after")
     def _keys_fit_optimizer(self):
@@ -157,6 +167,14 @@ class OptimConfig(_Section):
                              f"{', '.join(sorted(_OPTIM_KEYS[self.name])) or 'no optional keys'}")
         if self.name == "adaptive-gd" and self.weight_decay:
             raise ValueError("adaptive-gd is plain gradient descent: weight_decay must be 0")
+        if self.step_rule == "lr":
+            rule_keys = [k for k in ("smoothness", "smoothness_every")
+                         if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
+            if rule_keys:
+                raise ValueError(f"{_keys(rule_keys)} to step_rule 'lr' (set optim.step_rule=depth_paper)")
+        elif self.name not in STEP_RULE_OPTIMIZERS:
+            raise ValueError(f"step_rule depth_paper needs unit steps in a norm: optimizer {', '.join(STEP_RULE_OPTIMIZERS)}, "
+                             f"not {self.name}")
         return self
 
 
@@ -234,6 +252,10 @@ class CheckpointConfig(_Section):
 
 class LoggingConfig(_Section):
     log_every: int = Field(10, gt=0, description="write a training record (and progress line) every N steps")
+    diagnostics_every: int = Field(0, ge=0, description="per-layer diagnostics every N steps and at step 1 "
+                                   "(0: off): update norm, gradient dual norm and ||W|| in each layer's geometry, "
+                                   "trajectory smoothness; two extra forward-backward passes each. "
+                                   "Plot: moga smoothness diagnostics RUN_DIR")
     progress: bool = Field(True, description="print the progress line")
     tensorboard: bool = Field(False, description="also log to TensorBoard (needs the tensorboard package)")
     wandb: bool = Field(False, description="also log to Weights & Biases (needs wandb; offline unless "
@@ -270,12 +292,17 @@ class RunConfig(_Section):
 
 # Keys that do not change what a run computes: a run may resume with other values for them.
 UNHASHED = ("name", "logging", "checkpoint")
+# Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
+LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": None, "smoothness_every": 10}}
 
 
 def config_hash(cfg: RunConfig | Mapping) -> str:
     d = cfg.to_dict() if isinstance(cfg, RunConfig) else dict(cfg)
     for key in UNHASHED:
         d.pop(key, None)
+    for section, defaults in LATER_KEYS.items():
+        if isinstance(d.get(section), Mapping):
+            d[section] = {k: v for k, v in d[section].items() if k not in defaults or v != defaults[k]}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

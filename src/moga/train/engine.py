@@ -37,6 +37,7 @@ from . import distributed
 from .build import build_model, build_optimizer
 from .checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RunConfig, as_config, config_diff, dump_yaml, json_float
+from .diagnostics import StepInstruments
 from .metrics import MetricsLog, TensorBoardSink, WandbSink, progress_line
 from .schedule import build_schedule
 from .tasks import build_task
@@ -129,6 +130,7 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model)
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
+        self.instruments = StepInstruments(cfg, self.model, self.optimizer, self.task, d.device)
         t = cfg.train
         self.total = t.steps if t.steps is not None else max(1, math.ceil(t.epochs * self.task.steps_per_epoch))
         self.schedule = build_schedule(cfg.schedule, self.total, self.task.steps_per_epoch)
@@ -188,7 +190,7 @@ class Trainer:
                 "rng": rngs, "data": self.batches.state_dict(), "window": list(self.window),
                 "since_log": list(self.since_log), "since_eval": list(self.since_eval),
                 "last_eval": self.last_eval, "elapsed": self.elapsed, "metrics_bytes": self.log.offset,
-                "world_size": self.dist.world,
+                "world_size": self.dist.world, "instruments": self.instruments.state_dict(),
             })
         distributed.barrier(self.dist)
 
@@ -202,6 +204,7 @@ class Trainer:
         self.window.extend(state["window"])
         self.since_log, self.since_eval = list(state["since_log"]), list(state["since_eval"])
         self.last_eval = state["last_eval"]
+        self.instruments.load_state_dict(state.get("instruments"))
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -249,12 +252,16 @@ class Trainer:
                 return self._diverged(loss)
             if cfg.train.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
+            self.instruments.before_step(self.step)  # the step rule's lr; diagnostics' first probe
             if getattr(self.optimizer, "needs_loss", False):
                 self.optimizer.step(loss=loss)
             else:
                 self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
+            diagnostics = self.instruments.after_step(self.step, self._epoch())
+            if diagnostics is not None:
+                self.log.write(diagnostics)
+            self.optimizer.zero_grad(set_to_none=True)
             self.window.append(loss)
             self.since_log.append(loss)
             self.since_eval.append(loss)
@@ -306,11 +313,13 @@ class Trainer:
         record = {"type": "train", "step": self.step, "epoch": self._epoch(), "loss": loss, "lr": lr,
                   unit: rate, "time": round(self.elapsed, 3)}
         extra = self.optimizer.diagnostics() if callable(getattr(self.optimizer, "diagnostics", None)) else {}
+        extra = {**extra, **self.instruments.info}
         record.update({k: v for k, v in extra.items() if k not in record})
         self.log.write(record)
         self.since_log = []
         if not self.quiet:
-            shown = {{"eta": "eta_t"}.get(k, k): v for k, v in extra.items() if k in ("eta", "w_norm")}
+            shown = {{"eta": "eta_t", "smoothness_L": "L"}.get(k, k): v for k, v in extra.items()
+                     if k in ("eta", "w_norm", "smoothness_L")}
             print(progress_line(self.step, self.total, loss, lr, rate, self.task.unit, eta, shown), flush=True)
 
     @torch.no_grad()

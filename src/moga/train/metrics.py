@@ -2,7 +2,9 @@
 
 ``metrics.jsonl`` holds one JSON object per line with a ``type``: ``train`` (every log_every steps:
 mean loss since the last record, lr, throughput, and optimizer diagnostics such as the adaptive
-step's ``eta`` and ``w_norm``), ``eval`` (train/val loss and accuracy) and ``diverged``.
+step's ``eta`` and ``w_norm``, or the depth-paper step rule's ``grad_dual_norm`` and ``smoothness_L``),
+``eval`` (train/val loss and accuracy), ``diagnostics`` (per-layer norms, every
+``logging.diagnostics_every`` steps: see :mod:`moga.train.diagnostics`) and ``diverged``.
 On resume the file is cut back to where the checkpoint was taken, so no record appears twice.
 """
 

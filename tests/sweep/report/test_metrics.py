@@ -216,3 +216,18 @@ def test_grouping_scale_keys_and_runner_rows():
     (p,) = analyze(runner, scale_key="model.depth")
     assert p.panel == {"optimizer": "muon", "scaling": "none"} and p.title == "muon, none (alpha=1)"
     assert p.verdict == "transfers" and "K=2 to K=4" in p.verdict_line
+
+
+def test_a_reused_rate_that_diverges_does_not_transfer():
+    """Optima one step apart, but the smallest model's best rate diverges at the largest depth."""
+    from moga.sweep.report import analyze
+
+    rows = []
+    for depth, best in ((2, -5), (32, -6)):
+        for k in range(-9, -3):
+            loss = math.inf if (depth == 32 and k >= -5) else 0.3 + 0.01 * (k - best) ** 2
+            rows.append({"optimizer": "muon", "scaling": "none", "scale": depth, "lr": 2.0**k,
+                         "status": "diverged" if math.isinf(loss) else "finished", "train_loss": loss})
+    (summary,) = analyze(rows, scale_key="depth")
+    assert summary.verdict == "does not transfer"
+    assert "reusing K=2's best lr diverges at K=32" in summary.verdict_line

@@ -11,8 +11,9 @@
   the smallest scale and L the seed-mean curve; relative = absolute / min L. ``inf`` ("diverges") when
   lr_ref diverges there. A lower bound when that scale's own optimum is at the grid edge.
 - Transfer criterion (see :mod:`moga.sweep.report.verdict`): on a log-spaced grid, transfers iff every
-  scale has a trustworthy optimum and the grid-argmin drift is at most ``max_drift_steps`` (1) grid
-  steps; on an irregular grid, at most ``max_drift_log2`` (1.0) log2 units instead.
+  scale has a trustworthy optimum, the grid-argmin drift is at most ``max_drift_steps`` (1) grid
+  steps (on an irregular grid, at most ``max_drift_log2`` (1.0) log2 units instead), and the
+  smallest scale's optimum diverges at no larger scale.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The verdict of a panel, and the plain sentences that state it.
 
-- "transfers": every scale's optimum is inside its lr grid and the grid optima of all scales lie
+- "transfers": every scale's optimum is inside its lr grid, the grid optima of all scales lie
   within ``max_drift_steps`` grid steps (``max_drift_log2`` log2 units on a grid that is not
-  log-spaced) of each other.
-- "does not transfer": the drift exceeds that, or, with curves at the grid edge, even the smallest
+  log-spaced) of each other, and the smallest scale's best lr diverges at no other scale.
+- "does not transfer": the drift exceeds that, reusing the smallest scale's best lr diverges, or, with curves at the grid edge, even the smallest
   drift consistent with the edges does (the unscaled baseline's optimum often runs off the grid; that
   is still a clear "no").
 - "no verdict": a curve at the grid edge (or diverged everywhere) leaves the question open, or the
@@ -28,7 +28,8 @@ def criterion_text(grid: Grid, max_drift_steps: int, max_drift_log2: float) -> s
         span = _steps(max_drift_steps)
     else:
         span = f"{max_drift_log2:g} log2 units (the lr grid is not log-spaced, so grid steps are not used)"
-    return f"transfers iff every scale's optimum is inside its lr grid and all grid optima lie within {span}"
+    return (f"transfers iff every scale's optimum is inside its lr grid, all grid optima lie within {span}, "
+            "and the smallest scale's best lr diverges at no other scale")
 
 
 def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> None:
@@ -45,7 +46,12 @@ def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> None
     if len(s.curves) < 2:
         s.verdict, s.verdict_line = "no verdict", f"no verdict: only one scale ({label(s.curves[0].scale)})"
         return
-    if not problems and measured <= limit:
+    reused_diverges = any(r.status == "diverges" for r in s.regrets)
+    if not problems and measured <= limit and reused_diverges:
+        # Optima a step apart do not make a rate reusable when the small model's best one diverges.
+        s.verdict = "does not transfer"
+        s.verdict_line = f"does not transfer: the optima lie within {_steps(limit)} {span}{_regret_phrase(s, label, ', ')}"
+    elif not problems and measured <= limit:
         s.verdict = "transfers"
         if regular and measured == 0:
             moves = f"the optimum stays at lr={format_lr(s.curves[0].best_lr)} {span}"
