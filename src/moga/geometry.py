@@ -96,7 +96,10 @@ def _direction(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(t, s) with phi_p(g) = t * s: t = sign(g)|g|^(p-1) unnormalized, s the per-row factor."""
     if p == 2:
-        norm = torch.linalg.vector_norm(g, ord=2, dim=dims, keepdim=True)
+        if dims == (g.ndim - 1,):
+            norm = torch.linalg.vector_norm(g, ord=2, dim=dims, keepdim=True)
+        else:  # vector_norm over leading axes is ~30x slower on CPUs than squaring and summing
+            norm = torch.mul(g, g, out=scratch(workspace, g, 0)).sum(dim=dims, keepdim=True).sqrt_()
         info = torch.finfo(g.dtype) if g.is_floating_point() else None
         if info is not None and not bool(((norm > info.tiny**0.5 * 1e4) & (norm < info.max**0.5 * 1e-4)).all()):
             norm = lp_norm(g, 2, dims)

@@ -1,0 +1,40 @@
+"""`moga bench optimizer`: the records it promises (timings themselves are not asserted: machines are noisy)."""
+
+import json
+
+from typer.testing import CliRunner
+
+from moga.bench.optimizer import OPTIMIZERS, add_ratios
+from moga.cli import app
+
+NAMES = ["torch-adamw-foreach", "torch-adamw-fused", "torch-muon", "moga-row-p2", "moga-row-p1.5",
+         "moga-row-p2.5", "moga-col-q2", "moga-sign", "moga-muon", "moga-adamw-scaled"]
+
+
+def test_every_required_name_is_benchmarked():
+    assert list(OPTIMIZERS) == NAMES
+
+
+def test_json_records_and_state_ratio():
+    result = CliRunner().invoke(app, ["bench", "optimizer", "--blocks", "1", "--repeats", "1", "--warmup", "1",
+                                      "--only", "torch-adamw-fused", "--only", "moga-row-p2",
+                                      "--only", "moga-adamw-scaled", "--json"])
+    assert result.exit_code == 0, result.output
+    records = {r["name"]: r for r in json.loads(result.output)}
+    assert set(records) == {"torch-adamw-fused", "moga-row-p2", "moga-adamw-scaled"}
+    for r in records.values():
+        assert r["ms"] > 0 and r["params"] == 4 * 768 * 768 + 2 * 768 * 3072
+    # Momentum only: half of AdamW's two moments (AdamW's step counters are a few bytes more).
+    assert abs(records["moga-row-p2"]["state_vs_adamw"] - 0.5) < 1e-3
+    assert abs(records["moga-adamw-scaled"]["state_vs_adamw"] - 1.0) < 1e-3
+
+
+def test_unknown_name_is_an_error():
+    result = CliRunner().invoke(app, ["bench", "optimizer", "--only", "adam"])
+    assert result.exit_code != 0 and "unknown optimizer" in result.output
+
+
+def test_ratios_are_relative_to_fused_adamw():
+    records = add_ratios([{"name": "torch-adamw-fused", "ms": 2.0, "state_bytes": 8},
+                          {"name": "moga-row-p2", "ms": 3.0, "state_bytes": 4}])
+    assert records[1]["ms_vs_adamw_fused"] == 1.5 and records[1]["state_vs_adamw"] == 0.5
