@@ -7,6 +7,7 @@ import typer
 from pathlib import Path
 
 from moga.bench.cli import bench_app
+from moga.smoothness.cli import smoothness_command
 from moga.sweep.cli import sweep
 from moga.sweep.report.cli import report_command
 from moga.train_cli import lr_range, train
@@ -17,6 +18,7 @@ app.command("train")(train)
 app.command("lr-range")(lr_range)
 app.command("sweep")(sweep)
 app.command("report")(report_command)
+app.command("smoothness")(smoothness_command)
 app.add_typer(bench_app, name="bench")
 
 

@@ -86,3 +86,15 @@ def test_step_rule_config():
     assert build_config(tiny(optim={"step_rule": "depth_paper"})).hash() != build_config(tiny()).hash()
     # diagnostics are logging: not hashed, a run resumes with them switched on or off
     assert build_config(tiny(logging={"diagnostics_every": 5})).hash() == build_config(tiny()).hash()
+
+
+def test_diagnostics_leave_a_gpt_with_dropout_on_its_trajectory(tmp_path, text_file):
+    from .conftest import gpt_config
+
+    cfg = gpt_config(text_file, train={"steps": 5})
+    run(cfg, tmp_path / "plain")
+    run(gpt_config(text_file, train={"steps": 5}, logging={"diagnostics_every": 2}), tmp_path / "diag")
+    assert same_tensors(final_model(tmp_path / "plain"), final_model(tmp_path / "diag"))
+    records = read_metrics(tmp_path / "diag" / "metrics.jsonl", "diagnostics")
+    assert [r["step"] for r in records] == [1, 2, 4]
+    assert all(math.isfinite(x["update_over_lr"]) for x in records[-1]["layers"])

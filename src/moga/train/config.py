@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -152,8 +152,10 @@ class OptimConfig(_Section):
     step_rule: Literal["lr", "depth_paper"] = Field(
         "lr", description="lr: the schedule's rate; depth_paper (moga, muon, adamw-scaled): "
         "lr_t = min(schedule lr, ||grad||_block,* / L), the depth paper's eta* = ||grad||_*/L, so optim.lr is a cap")
-    smoothness: float | None = Field(None, gt=0, description="depth_paper: a measured block smoothness L "
-                                     "(default: a running EMA of the trajectory smoothness on a probe batch)")
+    smoothness: Annotated[float, Field(gt=0)] | Literal["max", "ema"] = Field(
+        "max", description="depth_paper: L, a measured block smoothness (a number), or a running estimate from the "
+        "trajectory smoothness on a probe batch: max (the largest seen) or ema (beta 0.9; it drifts down, "
+        "see moga.train.diagnostics)")
     smoothness_every: int = Field(10, gt=0, description="depth_paper, running L: measure it every N steps "
                                   "(two extra forward-backward passes each)")
 
@@ -173,8 +175,8 @@ class OptimConfig(_Section):
             if rule_keys:
                 raise ValueError(f"{_keys(rule_keys)} to step_rule 'lr' (set optim.step_rule=depth_paper)")
         elif self.name not in STEP_RULE_OPTIMIZERS:
-            raise ValueError(f"step_rule depth_paper needs unit steps in a norm: optimizer {', '.join(STEP_RULE_OPTIMIZERS)}, "
-                             f"not {self.name}")
+            raise ValueError(f"step_rule depth_paper needs unit steps in a norm: optimizer "
+                             f"{', '.join(STEP_RULE_OPTIMIZERS)}, not {self.name}")
         return self
 
 
@@ -293,7 +295,7 @@ class RunConfig(_Section):
 # Keys that do not change what a run computes: a run may resume with other values for them.
 UNHASHED = ("name", "logging", "checkpoint")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
-LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": None, "smoothness_every": 10}}
+LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10}}
 
 
 def config_hash(cfg: RunConfig | Mapping) -> str:

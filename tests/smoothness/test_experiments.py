@@ -1,0 +1,132 @@
+"""The `moga smoothness` experiments as 2-depth, 2-width miniatures, the report helpers and the diagnostics plot."""
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from moga.smoothness.convergence import constant_rates, convergence_experiment, step_rule_experiment
+from moga.smoothness.report import loglog_slope, spearman, trend
+from moga.smoothness.scaling import depth_experiment, width_experiment
+
+
+@pytest.fixture(autouse=True)
+def float64_by_default():
+    """Overrides the package's float64 fixture: the experiments build real models on float32 data. One thread:
+    these models are tiny, and OpenMP threads spinning on a shared CPU cost more than they give."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float32)
+    torch.set_num_threads(1)
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOGA_CACHE", str(tmp_path / "cache"))  # the GPT's tokenized text
+
+
+def _outputs(out, figure):
+    assert (out / figure).stat().st_size > 0
+    result = json.loads((out / "results.json").read_text())
+    summary = (out / "summary.md").read_text()
+    assert "## Verdict" in summary and figure in summary
+    return result, summary
+
+
+def test_slopes_and_trends():
+    xs = [2, 4, 8, 16]
+    assert loglog_slope(xs, [3 * x**0.5 for x in xs]) == pytest.approx(0.5)
+    assert loglog_slope(xs, [1.0, math.nan, None, 0.0]) is None  # one usable point
+    assert [trend(s) for s in (0.1, -0.1, 0.3, -0.3, None)] == ["flat", "flat", "growing", "shrinking", "unmeasured"]
+    assert spearman([3, 4, 6, 8], [1.0, 2.0, 4.0, 3.0]) == pytest.approx(0.8)
+    assert constant_rates({"steepest": 0.1, "lr_at_min": 1.0}, 3) == pytest.approx([0.1, 0.1 * 10**0.5, 1.0])
+    assert constant_rates({"steepest": 0.1, "lr_at_min": 0.05}, 2) == pytest.approx([0.05, 0.2])
+    assert constant_rates({"steepest": 0.1, "lr_at_min": 0.4}, 1) == [0.4]
+
+
+def test_depth_miniature(tmp_path, cache):
+    depth_experiment(tmp_path / "d", quick=True, log=lambda s: None)
+    result, summary = _outputs(tmp_path / "d", "depth.png")
+    rows = result["rows"]
+    assert {(r["model"], r["scaling"], r["K"], r["phase"]) for r in rows} == {
+        (m, s, k, p) for m in ("residual_mlp", "gpt") for s in ("alpha=1", "alpha=K_base/K") for k in (2, 4)
+        for p in ("init", "trained")}
+    for r in rows:
+        assert r["block"] == "matrix" and r["lipschitz"] > 0 and r["smoothness"] > 0
+    # at K = K_base the scaled net is the unscaled one
+    same = [r for r in rows if r["K"] == 2 and r["phase"] == "init"]
+    for model in ("residual_mlp", "gpt"):
+        a, b = (r for r in same if r["model"] == model)
+        assert a["smoothness"] == pytest.approx(b["smoothness"]) and a["alpha"] == b["alpha"] == 1.0
+    assert len(result["verdicts"]) == 8 and "flat claim" in summary
+
+
+def test_width_miniature(tmp_path):
+    width_experiment(tmp_path / "w", quick=True, log=lambda s: None)
+    result, summary = _outputs(tmp_path / "w", "width.png")
+    assert {(r["width"], r["geometry"], r["phase"]) for r in result["rows"]} == {
+        (w, g, p) for w in (8, 16) for g in ("row", "col", "sign", "spectral") for p in ("init", "trained")}
+    init = {r["geometry"]: r for r in result["rows"] if r["width"] == 8 and r["phase"] == "init"}
+    assert len({round(r["lipschitz"], 6) for r in init.values()}) == 4  # one gradient, four dual norms
+    assert {v["predicted"] for v in result["verdicts"] if v["quantity"] == "smoothness"} == {"flat", "sqrt"}
+
+
+def test_convergence_and_step_rule_miniatures(tmp_path):
+    convergence_experiment(tmp_path / "c", quick=True, log=lambda s: None)
+    result, summary = _outputs(tmp_path / "c", "convergence.png")
+    (a,) = result["adaptive_vs_constant"]
+    assert a["data"] == "digits" and len(a["runs"]) == 3 and a["held"] in (True, False)
+    assert [r["L"] for r in result["shared"]["runs"]["adaptive"]] == [2, 3]
+    long = result["long"]["adaptive"]
+    assert long["weights"]["frobenius"] and long["still_growing"] in (True, False)
+    assert long["w_first"] > 0 and long["w_end"] > 0  # the diagnostics' Frobenius norm of the one weight tensor
+
+    step_rule_experiment(tmp_path / "s", quick=True, log=lambda s: None)
+    result, summary = _outputs(tmp_path / "s", "steprule.png")
+    assert result["measured_L"] > 0 and len(result["comparison"]) == 3
+    running = result["rule_runs"]["running L (max)"]
+    cap = result["settings"]["cap"]
+    assert all(0 < lr <= cap for lr in running["curve"]["lr"]) and min(running["curve"]["lr"]) < cap
+    assert "vs the best constant" in summary
+
+
+def test_cli_runs_an_experiment_and_plots_diagnostics(tmp_path):
+    from moga.smoothness.cli import smoothness_command
+    from moga.train import run
+
+    import typer
+
+    app = typer.Typer(add_completion=False)
+    app.command("smoothness")(smoothness_command)
+    app.command("other")(lambda: None)  # two commands, so the name 'smoothness' is on the command line
+    runner = CliRunner()
+    out = runner.invoke(app, ["smoothness", "width", "--quick", "-o", str(tmp_path / "w"), "--json"])
+    assert out.exit_code == 0, out.output
+    assert "== width" in out.output and "predicted flat" in out.output and '"experiment": "width"' in out.output
+
+    cfg = {"model": {"name": "residual_mlp", "width": 8, "depth": 2}, "data": {"name": "digits"},
+           "train": {"steps": 4, "batch_size": 32}, "logging": {"progress": False, "diagnostics_every": 2}}
+    run(cfg, tmp_path / "run")
+    out = runner.invoke(app, ["smoothness", "diagnostics", str(tmp_path / "run")])
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "run" / "diagnostics.png").stat().st_size > 0
+    bad = runner.invoke(app, ["smoothness", "depht"])
+    assert bad.exit_code == 2 and "experiment must be one of" in bad.output
+
+
+def test_example_configs_build():
+    from pathlib import Path
+
+    from moga.train import load_config
+    from moga.train.build import build_model, build_optimizer
+
+    paths = sorted((Path(__file__).resolve().parents[2] / "configs" / "smoothness").glob("*.yaml"))
+    assert paths
+    for path in paths:
+        cfg = load_config(path)
+        assert cfg.optim.step_rule == "depth_paper" and cfg.logging.diagnostics_every > 0
+        build_optimizer(cfg, build_model(cfg, {"in_features": 784, "out_features": 10}))
