@@ -10,14 +10,7 @@ from moga.geometry import INF, Col, Embedding, Row, Sign, Spectral, Vector, pars
 from moga.layout import Layout
 
 
-
-@pytest.fixture(autouse=True)
-def float64_by_default():
-    """Tight tolerances need float64; restored after each test so other modules keep float32."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64_by_default")
 
 
 GEOMETRIES = [

@@ -1,11 +1,6 @@
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def float64_by_default():
-    """Tight tolerances need float64; restored after each test so other modules keep float32."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+def _float64(float64_by_default):
+    """Every smoothness test runs in float64 (tests/conftest.py)."""

@@ -62,3 +62,12 @@ def test_overrides_apply_to_every_cell():
 def test_bad_sweeps_fail_before_running(spec, match):
     with pytest.raises(SweepError, match=match):
         sweep(**spec)
+
+
+def test_shipped_sweep_configs_are_valid():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[2] / "configs" / "sweeps").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        assert Sweep.from_file(path).cells
