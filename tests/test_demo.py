@@ -19,7 +19,7 @@ def test_full_demo_grid_has_the_depth_paper_structure():
 def test_quick_demo_runs_and_reports(tmp_path):
     result = run_demo(tmp_path / "demo", quick=True, workers=2, progress=False)
     counts = result["counts"]
-    assert counts["finished"] + counts["diverged"] == 36 and counts["failed"] == 0
+    assert counts["finished"] + counts["diverged"] == 48 and counts["failed"] == 0
     summary = json.loads((result["report"] / "summary.json").read_text())
     panels = {(v["panel"]["optimizer"], v["panel"]["scaling"]) for v in summary["verdicts"] if v["metric"] == "train_loss"}
     assert panels == {(o, s) for o in ("adamw", "muon", "moga") for s in ("none", "inverse_depth")}
