@@ -2,6 +2,7 @@
 
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -223,11 +224,20 @@ def test_compile_path_runs(tmp_path):
     assert result["status"] == "finished"
 
 
-def test_missing_tensorboard_is_a_clear_error(tmp_path):
-    try:
-        import tensorboard  # noqa: F401
-        pytest.skip("tensorboard is installed here")
-    except ImportError:
-        pass
+def test_missing_tensorboard_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if the package were absent
     with pytest.raises(ImportError, match="pip install tensorboard"):
         run(tiny(logging={"tensorboard": True}), tmp_path / "tb")
+
+
+def test_tensorboard_receives_the_metrics(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run(tiny(logging={"tensorboard": True, "log_every": 1}), tmp_path / "tb")
+    (event_file,) = (tmp_path / "tb").rglob("events.out.tfevents*")
+    events = EventAccumulator(str(event_file.parent))
+    events.Reload()
+    train = read_metrics(tmp_path / "tb" / "metrics.jsonl", "train")
+    logged = [e.value for e in events.Scalars(next(t for t in events.Tags()["scalars"] if t.endswith("loss")))]
+    assert logged == pytest.approx([r["loss"] for r in train], rel=1e-6)
