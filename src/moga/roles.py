@@ -246,11 +246,12 @@ def build_plan(
     order = _call_order(model, example_inputs) if example_inputs is not None else None
 
     kinds: dict[int, tuple[str, str | None]] = {}
+    matched: dict[int, dict] = {}
     pending: list[PlanError] = []
     for item in params:
-        usages = {u for (_, mod, pname) in item.owners if (u := _usage(mod, pname, item.param)) is not None}
-        override = _match(rules, item.names, used_rules)
-        if override is not None and override.get("role"):
+        usages = _usages(item)
+        override = matched[id(item.param)] = _match(rules, item.names, used_rules) or {}
+        if override.get("role"):
             continue  # decided below, whatever the modules say
         if len(usages) == 1:
             kinds[id(item.param)] = next(iter(usages))
@@ -290,7 +291,7 @@ def build_plan(
 
     entries = []
     for item in params:
-        override = _match(rules, item.names, set()) or {}
+        override = matched[id(item.param)]
         kind, layout = kinds.get(id(item.param), (None, None))
         role = override.get("role") or {
             "vector": "vector", "embedding": "embedding", "conv": "conv",
@@ -307,11 +308,16 @@ def build_plan(
     return RolePlan(entries)
 
 
+def _usages(item: _Param) -> set[tuple[str, str | None]]:
+    """The (kind, layout) pairs the tensor's owning modules give it."""
+    return {u for (_, mod, pname) in item.owners if (u := _usage(mod, pname, item.param)) is not None}
+
+
 def _layout_for_role(item: _Param, role: str) -> str | None:
     """The layout an overridden role implies, from how the tensor's owners use it."""
     if role == "vector":
         return None
-    usages = {u for (_, mod, pname) in item.owners if (u := _usage(mod, pname, item.param)) is not None}
+    usages = _usages(item)
     by_kind = dict(usages)
     if role == "embedding" and "embedding" in by_kind:
         return by_kind["embedding"]
