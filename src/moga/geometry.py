@@ -285,10 +285,10 @@ class Sign(Geometry):
     name = "sign"
 
     def norm(self, d, layout=None):
-        return _dims(d.shape, self._layout(d, layout))[1] * d.abs().max()
+        return self._layout(d, layout).fan_in(d.shape) * d.abs().max()
 
     def dual_norm(self, g, layout=None):
-        return g.abs().sum() / _dims(g.shape, self._layout(g, layout))[1]
+        return g.abs().sum() / self._layout(g, layout).fan_in(g.shape)
 
     def lmo(self, g, layout=None):
         return torch.sign(g).mul_(-self.sign_scale(g.shape, self._layout(g, layout)))

@@ -112,7 +112,7 @@ class GeometryOptimizer(Optimizer):
         for k, p in enumerate(group["params"]):
             name = group["names"][k] if "names" in group else f"params[{k}] of shape {tuple(p.shape)}"
             try:
-                layout = resolve_layout(group["layout"], p) if geometry.matrix else None
+                layout = _layout_of(group, geometry, p)
             except ValueError as e:
                 raise ValueError(f"{name}: {e}") from None
             if group["update"] == "adam" and geometry.sign_scale(p.shape, layout) is None:
@@ -156,7 +156,7 @@ class GeometryOptimizer(Optimizer):
         for p, g, d in zip(params, grads, directions):
             if momentum > 0 and group["nesterov"]:
                 d = torch.lerp(g, d, momentum, out=scratch(workspace, g, 2))
-            layout = resolve_layout(group["layout"], p) if geometry.matrix else None
+            layout = _layout_of(group, geometry, p)
             if fast:
                 geometry.apply_lmo_(p, d, lr, layout, workspace)
             else:
@@ -188,7 +188,7 @@ class GeometryOptimizer(Optimizer):
         # The same expressions as torch.optim.AdamW with lr * c, c the geometry's sign factor.
         for p, m, v, st in zip(params, exp_avgs, exp_avg_sqs, states):
             t = st["step"].item()
-            layout = resolve_layout(group["layout"], p) if geometry.matrix else None
+            layout = _layout_of(group, geometry, p)
             step_size = lr * geometry.sign_scale(p.shape, layout) / (1 - beta1**t)
             denom = torch.sqrt(v, out=scratch(workspace, v, 0)).div_(math.sqrt(1 - beta2**t)).add_(eps)
             p.addcdiv_(m, denom, value=-step_size)
@@ -200,7 +200,7 @@ class GeometryOptimizer(Optimizer):
         beta1, beta2 = group["betas"]
         by_scale: dict[float, list[list]] = {}
         for p, g, m, v, st in zip(params, grads, exp_avgs, exp_avg_sqs, states):
-            layout = resolve_layout(group["layout"], p) if geometry.matrix else None
+            layout = _layout_of(group, geometry, p)
             lists = by_scale.setdefault(geometry.sign_scale(p.shape, layout), [[], [], [], [], []])
             for bucket, t in zip(lists, (p, g, m, v, st["step"])):
                 bucket.append(t)
@@ -255,6 +255,11 @@ class GeometryOptimizer(Optimizer):
         state_dict = dict(state_dict)
         self.skipped_steps = int(state_dict.pop("skipped_steps", 0))
         super().load_state_dict(state_dict)
+
+
+def _layout_of(group: dict, geometry, p: torch.Tensor):
+    """The group's layout for ``p`` (a plain matrix defaults to "oi"); None for non-matrix geometries."""
+    return resolve_layout(group["layout"], p) if geometry.matrix else None
 
 
 def _rows_finite(g: torch.Tensor) -> torch.Tensor:
