@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from moga.sweep.store import SweepStore
+from moga.sweep.store import DONE, SweepStore
 
 METRICS = ("final_train_loss", "train_eval_loss", "val_loss", "val_acc", "train_eval_acc", "steps", "wall_time_s")
 
@@ -13,7 +13,7 @@ def records(store: SweepStore) -> list[dict]:
     """One flat dict per settled cell: its axis values, status and final metrics (inf when diverged)."""
     out = []
     for cell in store.cells():
-        if cell["status"] not in ("finished", "diverged", "skipped"):
+        if cell["status"] not in DONE:
             continue
         result = cell["result"] or {}
         rec = {**cell["params"], "cell": cell["id"], "status": cell["status"]}

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from moga.sweep.spec import Sweep, SweepSpec
-from moga.sweep.store import SweepStore, new_owner
+from moga.sweep.store import DONE, SweepStore, new_owner
 
 HEARTBEAT_SECONDS = 2.0
 IDLE_POLL_SECONDS = 1.0
@@ -107,7 +107,7 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 else:
                     result = train_cell(sweep.config(params), store.cell_dir(cid))
             status = result.get("status", "finished")
-            if status in ("finished", "diverged", "skipped"):
+            if status in DONE:
                 store.finish(cid, owner, status, result)
             else:  # stopped early (SIGTERM): the checkpoint is there, the cell resumes later
                 store.release(cid, owner)
