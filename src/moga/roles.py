@@ -45,6 +45,22 @@ MOGA_GEOMETRIES: dict[str, str] = {
     "conv": "row(p=2)",
     "vector": "adam:vector",
 }
+MATRIX_ROLES = ("input", "hidden", "readout", "tied", "conv")
+VECTOR_UPDATES = {"adamw": "adam:vector", "sign": "vector"}
+
+
+def role_geometries(matrix: str, embedding: str, vectors: str) -> dict[str, str]:
+    """The policy behind every preset optimizer: one geometry for all matrices, one for embedding tables,
+    and Adam (``vectors="adamw"``) or the l_inf sign step (``"sign"``) for vectors."""
+    if vectors not in VECTOR_UPDATES:
+        raise ValueError(f"vectors must be one of {sorted(VECTOR_UPDATES)}, got {vectors!r}")
+    for spec in (matrix, embedding):  # fail on p < 1 and the like before looking at any model
+        parse_geometry(spec.removeprefix(ADAM_PREFIX))
+    return {
+        **{role: matrix for role in MATRIX_ROLES},
+        "embedding": embedding,
+        "vector": VECTOR_UPDATES[vectors],
+    }
 
 
 class PlanError(ValueError):

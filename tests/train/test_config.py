@@ -91,7 +91,7 @@ def test_hash_ignores_logging_and_diff_names_keys():
 def _app():
     import typer
 
-    from moga.train_cli import lr_range, train
+    from moga.train.cli import lr_range, train
 
     app = typer.Typer(add_completion=False)
     app.command("train")(train)

@@ -2,24 +2,8 @@
 
 from __future__ import annotations
 
-from moga.geometry import parse_geometry
 from moga.optim.base import GeometryOptimizer
-from moga.roles import ADAM_PREFIX, MOGA_GEOMETRIES
-
-MATRIX_ROLES = ("input", "hidden", "readout", "tied", "conv")
-VECTOR_UPDATES = {"adamw": "adam:vector", "sign": "vector"}
-
-
-def role_geometries(matrix: str, embedding: str, vectors: str) -> dict[str, str]:
-    if vectors not in VECTOR_UPDATES:
-        raise ValueError(f"vectors must be one of {sorted(VECTOR_UPDATES)}, got {vectors!r}")
-    for spec in (matrix, embedding):  # fail on p < 1 and the like before looking at any model
-        parse_geometry(spec.removeprefix(ADAM_PREFIX))
-    return {
-        **{role: matrix for role in MATRIX_ROLES},
-        "embedding": embedding,
-        "vector": VECTOR_UPDATES[vectors],
-    }
+from moga.roles import MOGA_GEOMETRIES, role_geometries
 
 
 class MOGA(GeometryOptimizer):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moga.optim.base import GeometryOptimizer
-from moga.optim.moga import role_geometries
+from moga.roles import role_geometries
 from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS
 
 

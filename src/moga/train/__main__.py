@@ -2,7 +2,7 @@
 
 import typer
 
-from moga.train_cli import train
+from moga.train.cli import train
 
 if __name__ == "__main__":
     typer.run(train)

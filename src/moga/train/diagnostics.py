@@ -12,7 +12,7 @@ BatchNorm statistic moves and ``.grad`` is left alone (a test checks the traject
   norm of the probe gradient and of the step's own gradient, ``||W||`` and the trajectory smoothness
   ``||grad(W_{t+1}) - grad(W_t)||_* / ||W_{t+1} - W_t||``; and the same for the whole block, with the
   Frobenius norm of all its weights (the convergence paper's ``||W_t||``). Plot with
-  ``moga smoothness diagnostics RUN_DIR`` (:func:`moga.smoothness.plots.plot_diagnostics`).
+  ``moga smoothness diagnostics RUN_DIR`` (:func:`moga.experiments.smoothness.plots.plot_diagnostics`).
 - ``optim.step_rule = "depth_paper"``: ``lr_t = min(schedule lr, ||G_t||_block,* / L_t)`` with ``G_t`` the
   step's gradient (GEOMETRY.md, "Measuring": ``eta* = ||grad||_* / L``): the schedule's lr (``optim.lr``
   times its factor) is a cap. ``L_t`` is ``optim.smoothness`` when it is a number, else a running estimate of

@@ -13,7 +13,8 @@ how statuses count); the definitions of optimum, drift, regret and verdict are i
 from moga.sweep.report.bootstrap import Bootstrap
 from moga.sweep.report.curves import Curve, Grid
 from moga.sweep.report.figures import plot_panels
-from moga.sweep.report.metrics import Drift, PanelSummary, Regret, analyze
+from moga.sweep.report.metrics import analyze
+from moga.sweep.report.summary import Drift, PanelSummary, Regret
 from moga.sweep.report.outputs import write_report
 from moga.sweep.report.render import print_verdicts, verdict_table
 from moga.sweep.report.schema import SweepRecord, load_records, parse_records

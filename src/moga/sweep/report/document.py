@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moga.sweep.report.figures import METRIC_LABELS
-from moga.sweep.report.metrics import PanelSummary
+from moga.sweep.report.summary import PanelSummary
 from moga.sweep.report.schema import SweepRecord, format_lr, scale_label
 
 

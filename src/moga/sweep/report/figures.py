@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
-from moga.sweep.report.metrics import PanelSummary  # noqa: E402
+from moga.sweep.report.summary import PanelSummary  # noqa: E402
 from moga.sweep.report.schema import scale_label  # noqa: E402
 
 METRIC_LABELS = {"train_loss": "final training loss", "val_loss": "final validation loss"}

@@ -21,91 +21,16 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
-from typing import Any
 
 import numpy as np
 
 from moga.sweep.report.bootstrap import Bootstrap, bootstrap
 from moga.sweep.report.curves import Curve, Grid, build_curve, make_grid
-from moga.sweep.report.schema import SweepRecord, parse_records, scaling_label
+from moga.sweep.report.schema import SweepRecord, parse_records
+from moga.sweep.report.summary import Drift, PanelSummary, Regret
+from moga.sweep.report.verdict import criterion_text, decide
 
 GROUP_KEYS = ("optimizer", "scaling")
-
-
-@dataclass
-class Drift:
-    scales: list[float]  # the scales with a trustworthy optimum, which the drift is measured over
-    steps: int | None  # grid-argmin drift in grid steps (None: fewer than 2 scales, or irregular grid)
-    log2_grid: float | None  # the same in log2 units
-    log2_refined: float | None  # refined optima: largest minus smallest log2 lr
-    slope_per_doubling: float | None  # d log2(refined lr) / d log2(scale), least squares
-    steps_at_least: float | None  # smallest drift consistent with all curves, edges included
-    log2_at_least: float | None
-
-
-@dataclass
-class Regret:
-    scale: float
-    lr: float  # the reused rate: the smallest scale's grid optimum
-    loss: float | None  # L(lr) at this scale; inf when it diverges, None when not run
-    best_loss: float | None
-    absolute: float | None
-    relative: float | None  # absolute / best_loss (None when best_loss <= 0)
-    status: str  # "reference", "ok", "diverges", "not run", "no optimum"
-    lower_bound: bool  # this scale's optimum is at the grid edge: its best loss may be lower still
-
-
-@dataclass
-class PanelSummary:
-    panel: dict[str, Any]  # group key -> value, e.g. {"optimizer": "moga", "scaling": "inverse_depth"}
-    metric: str
-    scale_key: str
-    grid: Grid
-    curves: list[Curve]
-    drift: Drift
-    reference_scale: float | None
-    reference_lr: float | None
-    regrets: list[Regret]
-    worst_regret: Regret | None  # largest relative (or absolute) regret over the other scales
-    bootstrap: Bootstrap | None
-    verdict: str  # "transfers", "does not transfer" or "no verdict"
-    verdict_line: str
-    criterion: str
-    notes: list[str]
-
-    @property
-    def title(self) -> str:
-        return ", ".join(scaling_label(str(v)) if k == "scaling" else str(v) for k, v in self.panel.items() if v != "")
-
-    def to_dict(self) -> dict:
-        """JSON-safe: non-finite numbers become null (a null loss on a curve is a diverged point)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("curves", "grid")}
-        out = {k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in out.items()}
-        out["regrets"] = [asdict(r) for r in self.regrets]
-        out["title"] = self.title
-        out["grid"] = asdict(self.grid)
-        out["curves"] = [{f.name: getattr(c, f.name) for f in fields(c) if f.name != "seed_matrix"}
-                         for c in self.curves]
-        for c in out["curves"]:
-            c["seed_best_lrs"] = [{"seed": s, "lr": lr} for s, lr in c["seed_best_lrs"].items()]
-        if self.bootstrap is not None:
-            b = out["bootstrap"]
-            b["seeds"] = [{"scale": s, "seeds": n} for s, n in b["seeds"].items()]
-            b["refined_log2_lr"] = [{"scale": s, "interval": iv} for s, iv in b["refined_log2_lr"].items()]
-        return json_safe(out)
-
-
-def json_safe(value):
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, (np.generic,)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def analyze(records: Iterable[SweepRecord | Mapping], scale_key: str | None = None, metric: str = "train_loss",
@@ -117,8 +42,6 @@ def analyze(records: Iterable[SweepRecord | Mapping], scale_key: str | None = No
     records share one. Each panel has its own lr grid. Raises ValueError on two records for the same
     (panel, scale, lr, seed): an axis that is not in ``group_keys`` would otherwise be averaged away.
     """
-    from moga.sweep.report.verdict import criterion_text, decide
-
     records = select_scale(parse_records(records, scale_key), scale_key)
     panels: dict[tuple, list[SweepRecord]] = {}
     for r in records:
@@ -142,7 +65,7 @@ def analyze(records: Iterable[SweepRecord | Mapping], scale_key: str | None = No
             worst_regret=worst(regrets), bootstrap=bootstrap(curves, grid, criterion, resamples, level, seed),
             verdict="", verdict_line="", criterion=criterion_text(grid, max_drift_steps, max_drift_log2), notes=[],
         )
-        decide(summary, max_drift_steps, max_drift_log2)
+        summary.verdict, summary.verdict_line, summary.notes = decide(summary, max_drift_steps, max_drift_log2)
         out.append(summary)
     return out
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from moga.sweep.report.document import DEFINITIONS, build_document
 from moga.sweep.report.figures import plot_panels
-from moga.sweep.report.metrics import GROUP_KEYS, PanelSummary, analyze, select_scale
+from moga.sweep.report.metrics import GROUP_KEYS, analyze, select_scale
+from moga.sweep.report.summary import PanelSummary
 from moga.sweep.report.render import to_html, to_markdown
 from moga.sweep.report.schema import METRICS, SweepRecord, parse_records
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from moga.sweep.report.document import Block, Figure, Heading, Items, Paragraph, Table
-from moga.sweep.report.metrics import PanelSummary
+from moga.sweep.report.summary import PanelSummary
 
 CSS = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }

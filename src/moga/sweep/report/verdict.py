@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from moga.sweep.report.curves import Curve, Grid
-from moga.sweep.report.metrics import PanelSummary
+from moga.sweep.report.summary import PanelSummary
 from moga.sweep.report.schema import format_lr, scale_label
 
 
@@ -32,36 +32,35 @@ def criterion_text(grid: Grid, max_drift_steps: int, max_drift_log2: float) -> s
             "and the smallest scale's best lr diverges at no other scale")
 
 
-def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> None:
-    """Fill in ``verdict``, ``verdict_line`` and ``notes`` of a summary."""
+def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> tuple[str, str, list[str]]:
+    """The panel's verdict, the line that states it, and its notes."""
     label = lambda scale: scale_label(s.scale_key, scale)  # noqa: E731
     span = f"from {label(s.curves[0].scale)} to {label(s.curves[-1].scale)}"
     problems = [edge_problem(c, label(c.scale)) for c in s.curves if not c.trusted]
-    s.notes = problems + _notes(s, label)
+    notes = problems + _notes(s, label)
     regular = s.grid.regular
     measured = s.drift.steps if regular else s.drift.log2_grid
     bound = s.drift.steps_at_least if regular else s.drift.log2_at_least
     limit = max_drift_steps if regular else max_drift_log2
 
     if len(s.curves) < 2:
-        s.verdict, s.verdict_line = "no verdict", f"no verdict: only one scale ({label(s.curves[0].scale)})"
-        return
+        return "no verdict", f"no verdict: only one scale ({label(s.curves[0].scale)})", notes
     reused_diverges = any(r.status == "diverges" for r in s.regrets)
     if not problems and measured <= limit and reused_diverges:
         # Optima a step apart do not make a rate reusable when the small model's best one diverges.
-        s.verdict = "does not transfer"
-        s.verdict_line = f"does not transfer: the optima lie within {_steps(limit)} {span}{_regret_phrase(s, label, ', ')}"
+        verdict = "does not transfer"
+        line = f"does not transfer: the optima lie within {_steps(limit)} {span}{_regret_phrase(s, label, ', ')}"
     elif not problems and measured <= limit:
-        s.verdict = "transfers"
+        verdict = "transfers"
         if regular and measured == 0:
             moves = f"the optimum stays at lr={format_lr(s.curves[0].best_lr)} {span}"
         elif regular:
             moves = f"the optimum stays within {_steps(limit)} {span}"
         else:
             moves = f"the optimum moves {measured:.2f} log2 units (at most {limit:g}) {span}"
-        s.verdict_line = f"transfers: {moves}{_regret_phrase(s, label, ', ')}"
+        line = f"transfers: {moves}{_regret_phrase(s, label, ', ')}"
     elif bound is not None and bound > limit:
-        s.verdict = "does not transfer"
+        verdict = "does not transfer"
         at_least = "at least " if problems else ""
         amount = _steps(bound) if regular else f"{bound:.2f} log2 units"
         factor = 2 ** (s.drift.log2_at_least or 0.0)
@@ -69,11 +68,12 @@ def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> None
         for c in s.curves:
             if not c.trusted:
                 change += f"; {label(c.scale)} " + ("diverged at every lr" if c.best_lr is None else "off the grid")
-        s.verdict_line = (f"does not transfer: the optimum moves {at_least}{amount} {span} ({change})"
-                          f"{_regret_phrase(s, label, ', ')}")
+        line = (f"does not transfer: the optimum moves {at_least}{amount} {span} ({change})"
+                f"{_regret_phrase(s, label, ', ')}")
     else:
-        s.verdict = "no verdict"
-        s.verdict_line = "no verdict: " + "; ".join(problems)
+        verdict = "no verdict"
+        line = "no verdict: " + "; ".join(problems)
+    return verdict, line, notes
 
 
 def edge_problem(c: Curve, label: str) -> str:

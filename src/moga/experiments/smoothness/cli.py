@@ -54,7 +54,7 @@ def smoothness_command(
     if threads:
         torch.set_num_threads(threads)
     if experiment == "diagnostics":
-        from moga.smoothness.plots import plot_diagnostics
+        from moga.experiments.smoothness.plots import plot_diagnostics
         from moga.train import read_metrics
 
         if run_dir is None or not (run_dir / "metrics.jsonl").is_file():
@@ -83,7 +83,7 @@ def smoothness_command(
 
 
 def _run(name: str, out: Path, quick: bool, full_block: bool, data: str | None) -> dict:
-    from moga.smoothness import convergence, scaling
+    from moga.experiments.smoothness import convergence, scaling
 
     log = (lambda line: None) if quick else (lambda line: typer.echo(line, err=True))
     try:

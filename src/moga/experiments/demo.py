@@ -9,9 +9,12 @@ The report then says, per optimizer and scaling, whether the best learning rate 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shutil
 from pathlib import Path
+
+import typer
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
@@ -106,3 +109,23 @@ def update_readme(readme: Path, report_dir: Path, figure_dir: Path, command: str
     if not pattern.search(text):
         raise ValueError(f"{readme} has no {README_START} ... {README_END} section to replace")
     readme.write_text(pattern.sub(lambda _: "\n".join(lines), text))
+
+
+def demo_command(
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="where the sweep and its report go"),
+    quick: bool = typer.Option(False, "--quick", help="digits, narrow and short: about a minute"),
+    workers: int = typer.Option(2, "--workers", "-w", min=1, help="worker processes"),
+    data: str = typer.Option(None, help="fashion-mnist or digits (default: Fashion-MNIST where installed)"),
+    readme: Path = typer.Option(None, "--update-readme", help="write the figure and verdicts into this README's demo section"),
+) -> None:
+    """The depth paper's figure 1 at CPU scale: residual MLPs at depths 2-32, AdamW vs Muon vs MOGA, with and
+    without alpha = K_base/K, six learning rates each; then the transfer report. Re-running resumes."""
+    result = run_demo(out, quick=quick, workers=workers, data=data)
+    if readme is not None:
+        command = "moga demo" + (" --quick" if quick else "")
+        update_readme(readme, result["report"], readme.parent / "docs", command)
+    for v in json.loads((result["report"] / "summary.json").read_text())["verdicts"]:
+        panel = ", ".join(str(x) for x in v["panel"].values() if x)
+        typer.echo(f"{panel} ({v['metric']}): {v['line']}")
+    typer.echo(f"data: {result['data']}; cells: " + ", ".join(f"{k} {v}" for k, v in result["counts"].items() if v))
+    typer.echo(f"report: {result['report'] / 'report.html'} and report.md")

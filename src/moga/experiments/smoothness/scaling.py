@@ -28,7 +28,7 @@ import torch
 
 from moga.smoothness.block import BlockGeometry
 from moga.smoothness.estimates import LOWER_BOUND_NOTE, measure
-from moga.smoothness.report import FLAT_TOLERANCE, fmt, held, loglog_slope, table, trend, write_outputs
+from moga.experiments.smoothness.report import FLAT_TOLERANCE, fmt, held, loglog_slope, table, trend, write_outputs
 
 K_BASE = 2.0
 SCALINGS = {"alpha=1": "none", "alpha=K_base/K": "inverse_depth"}
@@ -137,7 +137,7 @@ def _depth_model(kind: str, K: int, scaling: str, s: dict) -> tuple[dict, dict, 
 
 def depth_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print, **settings) -> dict:
     """Lipschitz and smoothness against depth, alpha = 1 vs K_base/K; writes depth.png, results.json, summary.md."""
-    from moga.smoothness.plots import plot_scaling
+    from moga.experiments.smoothness.plots import plot_scaling
 
     s = depth_settings(quick, **settings)
     out = Path(out)
@@ -243,7 +243,7 @@ def width_settings(quick: bool = False, **overrides) -> dict:
 
 def width_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print, **settings) -> dict:
     """Smoothness against width in four geometries; writes width.png, results.json, summary.md."""
-    from moga.smoothness.plots import plot_scaling
+    from moga.experiments.smoothness.plots import plot_scaling
 
     s = width_settings(quick, **settings)
     out = Path(out)

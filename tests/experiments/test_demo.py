@@ -2,7 +2,7 @@
 
 import json
 
-from moga.demo import README_END, README_START, demo_sweep, run_demo, update_readme
+from moga.experiments.demo import README_END, README_START, demo_sweep, run_demo, update_readme
 from moga.sweep.spec import Sweep
 
 

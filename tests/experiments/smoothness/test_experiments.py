@@ -7,9 +7,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from moga.smoothness.convergence import constant_rates, convergence_experiment, step_rule_experiment
-from moga.smoothness.report import loglog_slope, spearman, trend
-from moga.smoothness.scaling import depth_experiment, width_experiment
+from moga.experiments.smoothness.convergence import constant_rates, convergence_experiment, step_rule_experiment
+from moga.experiments.smoothness.report import loglog_slope, spearman, trend
+from moga.experiments.smoothness.scaling import depth_experiment, width_experiment
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +95,7 @@ def test_convergence_and_step_rule_miniatures(tmp_path):
 
 
 def test_cli_runs_an_experiment_and_plots_diagnostics(tmp_path):
-    from moga.smoothness.cli import smoothness_command
+    from moga.experiments.smoothness.cli import smoothness_command
     from moga.train import run
 
     import typer

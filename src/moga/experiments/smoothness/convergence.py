@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moga.smoothness.report import fmt, held, spearman, table, write_outputs
+from moga.experiments.smoothness.report import fmt, held, spearman, table, write_outputs
 
 GROWTH_THRESHOLD = 0.01  # ||W|| must grow by more than 1% over the long run's second half
 LOSS_CEILING = 50.0  # cross-entropy starts near log(10) = 2.3: a loss of 50 is a diverged run
@@ -137,7 +137,7 @@ def convergence_settings(quick: bool = False, **overrides) -> dict:
 def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print,
                            **settings) -> dict:
     """Adaptive vs constant rates, the shared-weights net over depths, and ||W_t|| at L = 2 on a longer run."""
-    from moga.smoothness.plots import plot_curves
+    from moga.experiments.smoothness.plots import plot_curves
 
     s = convergence_settings(quick, **settings)
     out = Path(out)
@@ -360,7 +360,7 @@ def _measured_smoothness(cfg: dict, s: dict) -> float:
 def step_rule_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print,
                          **settings) -> dict:
     """MOGA on a residual MLP: a constant-lr grid against lr_t = min(cap, ||grad||_* / L_t)."""
-    from moga.smoothness.plots import plot_curves
+    from moga.experiments.smoothness.plots import plot_curves
 
     s = step_rule_settings(quick, **settings)
     out = Path(out)
