@@ -1,5 +1,6 @@
 """Real sweeps end to end: workers, SIGKILL and restart, concurrent processes, divergence, Ray."""
 
+import json
 import math
 import os
 import random
@@ -16,7 +17,7 @@ import yaml
 from moga.sweep.executor import run_sweep
 from moga.sweep.results import records
 from moga.sweep.spec import Sweep
-from moga.sweep.store import SweepStore
+from moga.sweep.store import SweepStore, _owner_is_dead
 
 BASE = {
     "seed": 0,
@@ -96,35 +97,72 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def _live_progress(store: SweepStore) -> dict[str, int]:
+    """Cells running under a live owner -> the last step in their metrics.jsonl; {} while the store is new."""
+    try:
+        cells = store.cells()
+    except Exception:  # the store is still being created by the sweep under test
+        return {}
+    progress = {}
+    for cell in cells:
+        if cell["status"] != "running" or _owner_is_dead(cell["owner"]):
+            continue  # a stale claim of an earlier round: nobody is training it
+        path = store.cell_dir(cell["id"]) / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        progress[cell["id"]] = max((json.loads(x)["step"] for x in lines if x.endswith("}")), default=0)
+    return progress
+
+
+def kill_mid_cell(proc: subprocess.Popen, store: SweepStore, at_step: int, whole_group: bool) -> None:
+    """SIGKILL once a cell is running at ``at_step`` or later: freeze the group, confirm, then kill.
+
+    SIGSTOP freezes the store too, so a cell seen running after it is certainly interrupted by the kill.
+    """
+    while True:
+        assert proc.poll() is None, "the sweep ended before a kill could land"
+        if any(step >= at_step for step in _live_progress(store).values()):
+            os.killpg(proc.pid, signal.SIGSTOP)
+            if _live_progress(store):
+                break
+            os.killpg(proc.pid, signal.SIGCONT)  # it finished in between: wait for the next cell
+        time.sleep(0.05)
+    if whole_group:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        os.kill(proc.pid, signal.SIGKILL)  # only the parent: its workers must notice and stop
+        os.killpg(proc.pid, signal.SIGCONT)
+    proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a safety net only: under load this waits for cells to reach their kill points
 def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp_path):
-    # Cells long enough to be killed mid-run (60 steps, checkpoints every 3).
-    slow = {**BASE, "train": {"steps": 60, "batch_size": 32}}
+    # Cells long enough to be killed mid-run (60 steps, checkpoints every 3, a metrics record every step).
+    slow = {**BASE, "train": {"steps": 60, "batch_size": 32}, "logging": {"progress": False, "log_every": 1}}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": slow, "axes": AXES, "scale_key": "model.depth"}))
     reference = SweepStore(tmp_path / "reference")
     run_sweep(Sweep.from_file(path), reference.dir, workers=1, progress=False)
 
     out = tmp_path / "chaos"
-    rng = random.Random(7)
+    store = SweepStore(out)
+    rng = random.Random(7)  # random only in where inside a cell's run each kill lands
+    stale = set()  # (cell, owner) of every claim a kill left behind
     for round_ in range(4):
         proc = moga_sweep(path, out, "--workers", "2")
-        time.sleep(rng.uniform(2.0, 5.0))
-        if round_ == 3:
-            os.kill(proc.pid, signal.SIGKILL)  # only the parent: its workers must notice and stop
-        else:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole process group
-        proc.wait()
-    deadline = time.time() + 15
-    while _processes_mentioning(str(out)) and time.time() < deadline:
-        time.sleep(0.5)
-    assert not _processes_mentioning(str(out)), "workers outlived their killed parent"
+        kill_mid_cell(proc, store, at_step=rng.randint(0, 50), whole_group=round_ != 3)
+        deadline = time.time() + 15
+        while _processes_mentioning(str(out)) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _processes_mentioning(str(out)), "workers outlived their killed parent"
+        stale |= {(c["id"], c["owner"]) for c in store.cells() if c["status"] == "running"}
+    assert len(stale) >= 3  # each kill of the whole group interrupted at least one cell
 
     final = moga_sweep(path, out, "--workers", "2")
     assert final.wait(timeout=300) == 0, final.stderr.read().decode()
-    store = SweepStore(out)
     assert finish_events(store) == Counter({c["id"]: 1 for c in store.cells()})  # each cell finished exactly once
     assert final_losses(store) == final_losses(reference)  # bit for bit, resumed or not
-    assert any(e["event"] == "retake" for e in store.events())  # the kills did interrupt cells
+    assert sum(e["event"] == "retake" for e in store.events()) == len(stale)  # every interrupted claim taken over
 
 
 def test_two_processes_share_a_sweep_without_running_a_cell_twice(tmp_path):
