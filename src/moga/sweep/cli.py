@@ -19,6 +19,10 @@ def sweep(
     retry_failed: bool = typer.Option(False, help="run cells that failed before again"),
     metric: str = typer.Option("final_train_loss", help="with 'status': the result field shown in the grid"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
+    rebuild: bool = typer.Option(False, "--rebuild", help="set a damaged sweep.db aside and rebuild the store from "
+                                 "the cells' run directories (finished cells are not run again)"),
+    no_import: bool = typer.Option(False, "--no-import", help="refuse model factories outside moga (a config is "
+                                   "code: see moga train --help); also MOGA_NO_IMPORT=1"),
 ) -> None:
     """Run every cell of a learning-rate sweep; re-running resumes it, and several processes can share it.
 
@@ -32,15 +36,20 @@ def sweep(
     from moga.sweep.store import SweepStore
 
     console = Console()
+    if no_import:
+        from moga.train.cli import refuse_imports
+
+        refuse_imports()
     if target == "status":
         if directory is None:
             raise typer.BadParameter("give the sweep directory: moga sweep status DIR")
         store = SweepStore(directory)
         try:
             spec = store.definition()["spec"]
+            table = status_table(store, spec["lr_key"], metric)
         except SweepError as e:
-            raise typer.BadParameter(str(e)) from None
-        table = status_table(store, spec["lr_key"], metric)
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from None
         Console(width=max(console.width, 40 + 9 * len(table.columns))).print(table)  # never squash the grid
         return
     if directory is not None:
@@ -54,12 +63,20 @@ def sweep(
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
     out = out or Path("runs") / (spec.spec.name or Path(target).stem)
+    if rebuild:
+        aside = SweepStore(out).set_aside()
+        if aside is not None:
+            console.print(f"set the old store aside as {aside}; rebuilding it from {out / 'cells'}")
     console.print(f"sweep {Path(target).name}: {len(spec.cells)} cells -> {out}")
     try:
         counts = run_sweep(spec, out, workers, executor, ray_address, progress=not quiet, retry_failed=retry_failed)
     except (SweepError, ValueError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print(f"interrupted: running cells were checkpointed and handed back; run the same command "
+                      f"to resume ({out})")
+        raise typer.Exit(130) from None
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "seconds")
     console.print(f"done in {counts['seconds']} s: {summary}")
     if counts.get("failed"):

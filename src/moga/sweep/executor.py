@@ -7,9 +7,12 @@ twice. The caller's process only watches the store and draws progress.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +31,20 @@ def start_local_workers(sweep_dir: Path, workers: int) -> list[subprocess.Popen]
     cmd = [sys.executable, "-m", "moga.sweep.worker", str(sweep_dir), "--threads", str(threads),
            "--parent", str(os.getpid())]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    return [subprocess.Popen(cmd, env=env) for _ in range(workers)]
+    with _sigint_ignored():  # inherited: Ctrl-C on the terminal stops workers once, through this process
+        return [subprocess.Popen(cmd, env=env) for _ in range(workers)]
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def run_ray_workers(sweep_dir: Path, workers: int, address: str | None = None) -> None:
@@ -63,12 +79,17 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, executor: str = "
         procs = start_local_workers(sweep_dir, workers)
         try:
             watch(store, procs, start, progress)
-        finally:
+        finally:  # on Ctrl-C too: one SIGTERM each, so each worker checkpoints and releases its cell
             for p in procs:
                 if p.poll() is None:
                     p.terminate()
-            for p in procs:
-                p.wait()
+            try:
+                for p in procs:
+                    p.wait()
+            except KeyboardInterrupt:  # a second Ctrl-C: stop now; the claims are retaken at the next run
+                for p in procs:
+                    p.kill()
+                raise
     counts = store.counts()
     counts["seconds"] = round(time.time() - start, 1)
     return counts

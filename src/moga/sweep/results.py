@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from moga.sweep.store import DONE, SweepStore
+from moga.train.config import apply_overrides, build_config
 
 METRICS = ("final_train_loss", "train_eval_loss", "val_loss", "val_acc", "train_eval_acc", "steps", "wall_time_s")
 
 
 def records(store: SweepStore) -> list[dict]:
-    """One flat dict per settled cell: its axis values, status and final metrics (inf when diverged)."""
+    """One flat dict per settled cell: its axis values, status and final metrics (inf when diverged).
+
+    The optimizer (``optim.name``) is always there: from the base config when it is not an axis.
+    """
+    base = store.definition()["base"]
     out = []
     for cell in store.cells():
         if cell["status"] not in DONE:
             continue
         result = cell["result"] or {}
         rec = {**cell["params"], "cell": cell["id"], "status": cell["status"]}
+        if "optim.name" not in rec:
+            items = [f"{k}={json.dumps(v)}" for k, v in cell["params"].items()]
+            rec["optim.name"] = build_config(apply_overrides(json.loads(json.dumps(base)), items)).optim.name
         for key in METRICS:
             if key in result:
                 rec[key] = result[key]

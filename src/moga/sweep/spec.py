@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from moga.train.config import ConfigError, apply_overrides, build_config, read_config_file
+from moga.train.config import ConfigError, apply_overrides, build_config, read_config_file, single_path_component
 
 
 class SweepError(ValueError):
@@ -59,6 +59,11 @@ class SweepSpec(BaseModel):
     early_stop_diverged: bool = Field(False, description="skip a cell once a smaller lr of its row has diverged")
     heartbeat_timeout: float = Field(120.0, gt=0, description="seconds without a heartbeat before a claim is retaken")
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        return single_path_component(v, "the sweep name")
+
     @field_validator("axes")
     @classmethod
     def _axes_not_empty(cls, axes):
@@ -80,9 +85,25 @@ def expand_values(values: Any, where: str) -> list:
         raise SweepError(f"axis {where}: values must be a list, got {type(values).__name__}")
     if not values:
         raise SweepError(f"axis {where} is empty: give it at least one value")
-    if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+    kinds = {_kind(v) for v in values} - {"null"}
+    if len(kinds) > 1:
+        raise SweepError(f"axis {where} mixes value types ({', '.join(sorted(kinds))}): {values!r}; "
+                         "write every value the same way (numbers without quotes)")
+    # 2 and 2.0 are one value to a run but two cells to the store: compare numbers by value.
+    keys = [json.dumps(float(v) if _kind(v) == "number" else v, sort_keys=True) for v in values]
+    if len(set(keys)) != len(values):
         raise SweepError(f"axis {where} repeats a value: {values!r}")
     return list(values)
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "mapping"}.get(type(v), type(v).__name__)
 
 
 def cell_id(params: Mapping[str, Any]) -> str:

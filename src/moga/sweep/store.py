@@ -6,6 +6,11 @@ is claimed by exactly one owner at a time, and a finished cell is written once. 
 when its owner stops heartbeating (``heartbeat_timeout``), or at once when the owner was a process on
 this host that no longer exists (e.g. killed with SIGKILL). Every claim and finish is logged in
 ``events``, which is how the tests check that no cell runs twice.
+
+The store only indexes what the run directories hold: each settled cell also has its ``result.json``.
+So a lost or damaged ``sweep.db`` loses nothing: set it aside (``moga sweep CONFIG --rebuild``) and
+the sweep's cells are read back from their run directories, the unfinished ones resuming from their
+checkpoints.
 """
 
 from __future__ import annotations
@@ -37,6 +42,17 @@ CREATE TABLE IF NOT EXISTS events (
     owner TEXT, time REAL NOT NULL
 );
 """
+
+
+class StoreDamaged(SweepError):
+    """sweep.db cannot be read: truncated, overwritten, or not a SQLite file."""
+
+
+def _damaged(error: sqlite3.DatabaseError) -> bool:
+    name = getattr(error, "sqlite_errorname", "")
+    text = str(error)
+    return (name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in text or "not a database" in text
+            or text.startswith("no such table"))  # an empty or foreign file where the store should be
 
 
 def new_owner() -> str:
@@ -75,17 +91,45 @@ class SweepStore:
     # --- connection ------------------------------------------------------------------------------------
 
     @contextmanager
-    def _connect(self):
+    def _connect(self, create: bool = False):
+        if not create and not self.path.is_file():  # never leave an empty sweep.db behind a read
+            raise SweepError(f"{self.dir} holds no sweep (no {DB_NAME}); start one there with "
+                             f"moga sweep CONFIG --out {self.dir}")
         con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         try:
             con.execute("PRAGMA busy_timeout = 60000")
             yield con
+        except sqlite3.DatabaseError as e:
+            if _damaged(e):
+                raise StoreDamaged(self.damaged_message(e)) from None
+            raise
         finally:
             con.close()
 
+    def damaged_message(self, error: Exception) -> str:
+        return (f"the sweep store {self.path} is damaged ({error}). The cells are safe in {self.dir / 'cells'}: "
+                f"run the sweep again with --rebuild (moga sweep CONFIG --out {self.dir} --rebuild), which sets "
+                "the damaged file aside and rebuilds the store from each cell's result.json (unfinished cells "
+                "resume from their checkpoints)")
+
+    def set_aside(self) -> Path | None:
+        """Move sweep.db (and its WAL files) to sweep.db.damaged[-N], so the next run rebuilds the store."""
+        if not self.path.exists():
+            return None
+        n, target = 0, self.path.with_name(DB_NAME + ".damaged")
+        while target.exists():
+            n += 1
+            target = self.path.with_name(f"{DB_NAME}.damaged-{n}")
+        for suffix in ("-wal", "-shm"):
+            side = self.path.with_name(DB_NAME + suffix)
+            if side.exists():
+                os.replace(side, target.with_name(target.name + suffix))
+        os.replace(self.path, target)
+        return target
+
     @contextmanager
-    def _write(self):
-        with self._connect() as con:
+    def _write(self, create: bool = False):
+        with self._connect(create) as con:
             con.execute("BEGIN IMMEDIATE")
             try:
                 yield con
@@ -103,10 +147,10 @@ class SweepStore:
         """Write the grid on first use; afterwards insist that the sweep is the same one."""
         self.dir.mkdir(parents=True, exist_ok=True)
         definition = json.dumps(sweep.to_dict(), sort_keys=True)
-        with self._connect() as con:
+        with self._connect(create=True) as con:
             con.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
             con.executescript(SCHEMA)
-        with self._write() as con:
+        with self._write(create=True) as con:
             row = con.execute("SELECT value FROM meta WHERE key = 'sweep'").fetchone()
             if row is None:
                 con.execute("INSERT INTO meta VALUES ('sweep', ?)", (definition,))

@@ -5,6 +5,10 @@ one crashing run cannot take the others down. A heartbeat thread keeps the claim
 and ends the worker at once if the process that started it is gone, so that killing ``moga sweep`` with
 SIGKILL also stops its workers; their claims are then retaken and the cells resume from their checkpoints.
 An exclusive lock on the run directory makes sure two live processes never train the same cell.
+
+Stopping: SIGTERM (or Ctrl-C, for a worker run by hand) checkpoints the cell at the next step boundary,
+hands it back to the store once, and ends the worker quietly. Workers started by ``moga sweep`` ignore
+SIGINT, so Ctrl-C on the terminal's process group reaches them once, as the parent's SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import signal
 import threading
 import time
 import traceback
@@ -23,6 +28,38 @@ from moga.sweep.store import DONE, SweepStore, new_owner
 
 HEARTBEAT_SECONDS = 2.0
 IDLE_POLL_SECONDS = 1.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """A stop signal while a claimed cell is set up: its claim is released (training itself stops cleanly)."""
+
+
+class _StopRequest:
+    """SIGTERM / SIGINT: between cells only a flag; inside a claimed cell an exception that releases it.
+
+    (Inside the training loop the engine's own handler takes over and checkpoints at the step boundary.)
+    """
+
+    def __init__(self):
+        self.requested, self.raise_now, self._old = False, False, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        if self.raise_now:
+            self.raise_now = False
+            raise Interrupted
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def load_sweep(store: SweepStore) -> Sweep:
@@ -86,37 +123,47 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
     sweep = load_sweep(store)
     owner = owner or new_owner()
     settled = 0
-    while True:
-        if orphaned(parent_pid):
-            return settled
-        claim = store.claim(owner, sweep.spec.heartbeat_timeout)
-        if claim is None:
-            counts = store.counts()
-            if counts["pending"] == 0 and counts["running"] == 0:
+    with _StopRequest() as stop:
+        while True:
+            if stop.requested or orphaned(parent_pid):
                 return settled
-            time.sleep(IDLE_POLL_SECONDS)  # others are running; their cells may still come back
-            continue
-        cid, params = claim["id"], claim["params"]
-        beat = Heartbeat(store, cid, owner, parent_pid)
-        beat.start()
-        try:
-            with run_dir_lock(store.cell_dir(cid)):
-                if sweep.spec.early_stop_diverged and smaller_lr_diverged(store, sweep, params):
-                    result = {"status": "skipped", "reason": "a smaller learning rate of this row diverged",
-                              "train_loss": float("inf")}
-                else:
-                    result = train_cell(sweep.config(params), store.cell_dir(cid))
-            status = result.get("status", "finished")
-            if status in DONE:
-                store.finish(cid, owner, status, result)
-            else:  # stopped early (SIGTERM): the checkpoint is there, the cell resumes later
+            claim = store.claim(owner, sweep.spec.heartbeat_timeout)  # a signal now only sets the flag
+            if claim is None:
+                counts = store.counts()
+                if counts["pending"] == 0 and counts["running"] == 0:
+                    return settled
+                time.sleep(IDLE_POLL_SECONDS)  # others are running; their cells may still come back
+                continue
+            cid, params = claim["id"], claim["params"]
+            beat = Heartbeat(store, cid, owner, parent_pid)
+            beat.start()
+            try:
+                stop.raise_now = True
+                if stop.requested:  # it came during the claim
+                    raise Interrupted
+                with run_dir_lock(store.cell_dir(cid)):
+                    if sweep.spec.early_stop_diverged and smaller_lr_diverged(store, sweep, params):
+                        result = {"status": "skipped", "reason": "a smaller learning rate of this row diverged",
+                                  "train_loss": float("inf")}
+                    else:
+                        result = train_cell(sweep.config(params), store.cell_dir(cid))
+                stop.raise_now = False
+                status = result.get("status", "finished")
+                if status in DONE:
+                    store.finish(cid, owner, status, result)
+                else:  # stopped early (SIGTERM, Ctrl-C): the checkpoint is there, the cell resumes later
+                    store.release(cid, owner)
+                    return settled
+            except (KeyboardInterrupt, Interrupted):  # stopped before the loop could checkpoint, or twice
+                stop.raise_now = False
                 store.release(cid, owner)
                 return settled
-        except Exception:  # a crash of one run is recorded, and the sweep goes on
-            store.finish(cid, owner, "failed", error=traceback.format_exc(limit=20))
-        finally:
-            beat.done.set()
-        settled += 1
+            except Exception:  # a crash of one run is recorded, and the sweep goes on
+                stop.raise_now = False
+                store.finish(cid, owner, "failed", error=traceback.format_exc(limit=20))
+            finally:
+                beat.done.set()
+            settled += 1
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 
 import torch
 from torch import nn
@@ -26,9 +27,18 @@ DEFAULT_LR = {"adamw": 1e-3, "sgd": 1e-2, "adaptive-gd": 1.0}  # the others take
 
 # --- model ---------------------------------------------------------------------------------------
 
+def imports_refused() -> bool:
+    """MOGA_NO_IMPORT (set by --no-import): a config may not import code from outside moga."""
+    return os.environ.get("MOGA_NO_IMPORT", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def model_factory(name: str):
     if ":" in name:
         module, _, attr = name.partition(":")
+        if imports_refused() and module != "moga" and not module.startswith("moga."):
+            raise ConfigError(f"model.name={name!r} would import and call code from {module!r}; refused because "
+                              "imports are off (--no-import or MOGA_NO_IMPORT). Use a built-in model, or allow "
+                              "imports for a config you trust")
         try:
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:

@@ -3,11 +3,14 @@
 A checkpoint is one ``torch.save`` file (load it with ``torch.load(path, weights_only=True)``)
 holding the model, optimizer, step, RNG states, data position and the run's config with its hash.
 It is written to a temporary file in the same directory and moved over the old one with
-``os.replace``, so a crash mid-save leaves the previous checkpoint intact.
+``os.replace``, so a crash mid-save (or a full disk) leaves the previous checkpoint intact.
+It also holds the SHA-256 of its own contents (``sha256``: every tensor's bytes, dtype and shape, and
+every other value), checked on load, so a flipped bit is reported instead of trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import tempfile
@@ -21,16 +24,49 @@ from .config import config_diff
 FORMAT = "moga.train.checkpoint"
 VERSION = 1
 REQUIRED = ("format", "version", "config", "config_hash", "step", "model", "optimizer")
+CHECKSUM = "sha256"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed: corrupted, from another program or version, or another config."""
 
 
+def _restart_hint(path: Path) -> str:
+    return (f"Delete it to start the run over (rm {path}), or put back an earlier copy of it if you kept one; "
+            "then run the same command again.")
+
+
+def _digest(obj, h) -> None:
+    """Feed a checkpoint's contents to ``h`` in a canonical form: tensors by dtype, shape and bytes."""
+    if torch.is_tensor(obj):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(obj.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k, v in obj.items():
+            _digest(k, h)
+            _digest(v, h)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{type(obj).__name__[0]}{len(obj)}".encode())
+        for v in obj:
+            _digest(v, h)
+    else:  # numbers, strings, None, bools: their repr is exact (floats round-trip)
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def checksum(payload: dict) -> str:
+    h = hashlib.sha256()
+    _digest({k: v for k, v in payload.items() if k != CHECKSUM}, h)
+    return h.hexdigest()
+
+
 def save_checkpoint(path: str | Path, state: dict) -> Path:
+    """Write atomically; on failure (a full disk) the previous checkpoint is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "version": VERSION, **state}
+    payload[CHECKSUM] = checksum(payload)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -38,6 +74,11 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        kept = "the previous checkpoint is intact" if path.is_file() else "there is no earlier checkpoint"
+        raise CheckpointError(f"could not write the checkpoint {path} ({e.strerror or e}); {kept}. "
+                              "Free some space and run the same command again to continue.") from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -47,19 +88,24 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
 def load_checkpoint(path: str | Path, config: dict | None = None, config_hash: str | None = None) -> dict:
     """Load and check a checkpoint; with ``config_hash`` it must come from that config."""
     path = Path(path)
+    if path.is_file() and path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is corrupted: it is empty (0 bytes). {_restart_hint(path)}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as e:  # a truncated zip, garbage bytes, a pickle of something else
-        raise CheckpointError(
-            f"{path} is corrupted or not a checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
-            "Delete it to start the run over, or restore it from a backup.") from None
+        first = (str(e).strip().splitlines() or ["no message"])[0][:200]
+        raise CheckpointError(f"{path} is corrupted or not a checkpoint ({type(e).__name__}: {first}). "
+                              f"{_restart_hint(path)}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a moga training checkpoint (no {FORMAT!r} format tag)")
     if state.get("version") != VERSION:
         raise CheckpointError(f"{path} has checkpoint format version {state.get('version')}; "
                               f"this moga reads version {VERSION}")
+    if CHECKSUM in state and state[CHECKSUM] != checksum(state):  # checkpoints before the checksum have none
+        raise CheckpointError(f"{path} is corrupted: its contents do not match the SHA-256 stored with them "
+                              f"(a changed bit on disk or in transfer). {_restart_hint(path)}")
     missing = [k for k in REQUIRED if k not in state]
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")

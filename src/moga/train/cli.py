@@ -53,6 +53,13 @@ def _load(config: str | None, overrides: list[str] | None):
         raise typer.BadParameter(str(e)) from None
 
 
+def refuse_imports() -> None:
+    """--no-import: set MOGA_NO_IMPORT, so this process and every worker it starts refuse foreign factories."""
+    import os
+
+    os.environ["MOGA_NO_IMPORT"] = "1"
+
+
 def _default_run_dir(cfg) -> Path:
     return Path("runs") / (cfg.name or f"{cfg.model.name}-{cfg.optim.name}-{cfg.hash()[:8]}")
 
@@ -71,8 +78,13 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; print only the result."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit."),
     keys: bool = typer.Option(False, "--keys", help="List every config key with its default and meaning, and exit."),
+    no_import: bool = typer.Option(False, "--no-import", help="Refuse model.name='package.module:factory' outside "
+                                   "moga: a config from an untrusted source cannot import or run code (also: "
+                                   "environment variable MOGA_NO_IMPORT=1)."),
 ) -> None:
     """Train a model; its run directory gets config.yaml, metrics.jsonl, checkpoint.pt and result.json."""
+    if no_import:
+        refuse_imports()
     if keys:
         typer.echo(config_reference())
         raise typer.Exit()
@@ -93,6 +105,9 @@ def train(
     except (ValueError, FileNotFoundError, ImportError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except OSError as e:  # a full disk, a read-only directory: which file, and why
+        typer.echo(f"error: could not write {e.filename or directory}: {e.strerror or e}", err=True)
+        raise typer.Exit(1) from None
     shown = {k: result.get(k) for k in ("status", "steps", "final_train_loss", "val_loss", "val_acc", "wall_time_s")
              if k in result}
     typer.echo(f"{directory}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
@@ -104,10 +119,16 @@ A config file (YAML, or TOML by suffix) and/or KEY=VALUE overrides set the keys 
 wrong type is an error that lists the valid keys. Rerunning the same command resumes from the checkpoint
 (bit for bit on CPU), and a finished run returns its stored result.
 
-A run that diverges (a non-finite loss, or one above train.loss_ceiling) ends with status "diverged" and exit
-code 0: it is a result, not a crash. final_train_loss is the mean training loss over the last
+A run that diverges ends with status "diverged" and exit code 0: it is a result, not a crash. It diverges
+on a non-finite loss, a loss above train.divergence_factor (default 10) times the first step's loss, or
+one above train.loss_ceiling (default: none); the default needs no tuning, in sweeps too. final_train_loss is the mean training loss over the last
 eval.final_window steps (default: the last epoch). Several processes: torchrun --nproc-per-node N -m
 moga.train CONFIG [KEY=VALUE]... gives the result of one process with the same global batch.
+
+A config is code. model.name "package.module:factory" imports that module and calls the factory with
+the model keys, so a config can run anything ("os:system" runs a command): treat a config from an
+untrusted source like a script. --no-import (or MOGA_NO_IMPORT=1 in the environment, which sweep workers
+inherit) refuses every factory outside moga; the built-in models still work.
 
 Config keys (section.key = default: meaning):
 """

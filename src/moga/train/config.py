@@ -26,6 +26,16 @@ class ConfigError(ValueError):
     """A config that cannot run: unknown key, wrong type, or values that contradict each other."""
 
 
+def single_path_component(name: str | None, what: str) -> str | None:
+    """A name that becomes a directory under an output root: no separators, not '.' or '..', not absolute."""
+    if name is None:
+        return None
+    if not name.strip() or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"{what} {name!r} must be a single path component (a plain name without '/', "
+                         "'..' or an absolute path); choose the output directory with --run-dir / --out")
+    return name
+
+
 def _keys(keys: list[str]) -> str:
     return f"{keys[0]} does not apply" if len(keys) == 1 else f"{', '.join(keys)} do not apply"
 
@@ -208,6 +218,9 @@ class TrainSection(_Section):
         "auto", description="auto: cross_entropy for images and text, mse for synthetic data")
     loss_ceiling: float | None = Field(None, gt=0, description="a training loss above this ends the run "
                                        "as diverged (a non-finite loss always does)")
+    divergence_factor: float | None = Field(
+        10.0, gt=1, description="a training loss above this many times the first step's loss ends the run as "
+        "diverged, with no tuning per task (null: off; loss_ceiling still applies)")
     grad_clip: float | None = Field(None, gt=0, description="clip the global gradient norm to this")
     device: str = Field("auto", description="auto (cuda if available), cpu, cuda, mps")
     compile: bool | str = Field(False, description="torch.compile the model: true, or a backend name")
@@ -279,6 +292,11 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        return single_path_component(v, "name")
+
     @model_validator(mode="after")
     def _has_length(self):
         if self.train.steps is None and self.train.epochs is None:
@@ -295,7 +313,8 @@ class RunConfig(_Section):
 # Keys that do not change what a run computes: a run may resume with other values for them.
 UNHASHED = ("name", "logging", "checkpoint")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
-LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10}}
+LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10},
+              "train": {"divergence_factor": 10.0}}
 
 
 def config_hash(cfg: RunConfig | Mapping) -> str:

@@ -82,7 +82,8 @@ class _StopFlag:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored on purpose (sweep workers: SIGINT)
+                    self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
@@ -139,6 +140,7 @@ class Trainer:
         self.window = deque(maxlen=min(window, self.total))
         self.batches = self.task.train_batches()
         self.step, self.elapsed_before, self.since_log, self.since_eval, self.last_eval = 0, 0.0, [], [], None
+        self.initial_loss = None  # the first step's loss: the divergence rule's reference
         self.session_start = time.perf_counter()
         torch.manual_seed(derive_seed(cfg.seed, 1, d.rank))  # dropout and the like, per process
         if state is not None:
@@ -191,6 +193,7 @@ class Trainer:
                 "since_log": list(self.since_log), "since_eval": list(self.since_eval),
                 "last_eval": self.last_eval, "elapsed": self.elapsed, "metrics_bytes": self.log.offset,
                 "world_size": self.dist.world, "instruments": self.instruments.state_dict(),
+                "initial_loss": self.initial_loss,
             })
         distributed.barrier(self.dist)
 
@@ -205,13 +208,18 @@ class Trainer:
         self.since_log, self.since_eval = list(state["since_log"]), list(state["since_eval"])
         self.last_eval = state["last_eval"]
         self.instruments.load_state_dict(state.get("instruments"))
+        self.initial_loss = state.get("initial_loss")
 
     # --- the loop --------------------------------------------------------------------------------
 
     def fit(self, stop_at: int | None = None) -> dict:
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise ValueError(f"the run directory {self.run_dir} is an existing file; give another directory "
+                             "(moga train --run-dir DIR)")
         stored = self._stored_result()
         if stored is not None:
             return stored
+        created = not self.run_dir.exists()
         if self.dist.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         distributed.barrier(self.dist)
@@ -223,7 +231,13 @@ class Trainer:
         if self.cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         try:
-            resumed = self._setup()
+            try:
+                resumed = self._setup()
+            except BaseException:
+                if created and self.dist.main:  # a config that cannot run leaves no empty directory behind
+                    with contextlib.suppress(OSError):
+                        self.run_dir.rmdir()
+                raise
             self._open_logs(resumed)
             with _StopFlag() as flag:
                 return self._loop(stop_at, flag)
@@ -247,9 +261,11 @@ class Trainer:
             local_loss = self._forward_backward()
             summed_loss, stop_votes = distributed.all_sum(d, [local_loss, float(flag.set)])
             loss = summed_loss / d.world
-            ceiling = cfg.train.loss_ceiling
-            if not math.isfinite(loss) or (ceiling is not None and loss > ceiling):
-                return self._diverged(loss)
+            if self.initial_loss is None:
+                self.initial_loss = loss
+            reason = self._divergence(loss)
+            if reason is not None:
+                return self._diverged(loss, reason)
             if cfg.train.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
             self.instruments.before_step(self.step)  # the step rule's lr; diagnostics' first probe
@@ -282,6 +298,19 @@ class Trainer:
             if stop and self.step < self.total:
                 return self._stopped()
         return self._finish()
+
+    def _divergence(self, loss: float) -> str | None:
+        """Why the run diverged: a non-finite loss, one above train.loss_ceiling, or one above
+        train.divergence_factor times the first step's loss; None while it has not."""
+        t, first = self.cfg.train, self.initial_loss
+        if not math.isfinite(loss):
+            return "non-finite loss"
+        if t.loss_ceiling is not None and loss > t.loss_ceiling:
+            return f"loss above train.loss_ceiling={t.loss_ceiling:g}"
+        if t.divergence_factor is not None and first is not None and math.isfinite(first) and first > 0 \
+                and loss > t.divergence_factor * first:
+            return f"loss above train.divergence_factor={t.divergence_factor:g} x the first step's loss {first:.4g}"
+        return None
 
     def _stopped(self) -> dict:
         """Not a result: the run continues when ``run`` is called again (nothing is written but the checkpoint)."""
@@ -381,13 +410,13 @@ class Trainer:
             self._save()
         return self._write_result(result)
 
-    def _diverged(self, loss: float) -> dict:
-        self.log.write({"type": "diverged", "step": self.step, "loss": json_float(loss)})
+    def _diverged(self, loss: float, reason: str) -> dict:
+        self.log.write({"type": "diverged", "step": self.step, "loss": json_float(loss), "reason": reason})
         if not self.quiet:
-            print(f"diverged at step {self.step}: loss {loss}", flush=True)
+            print(f"diverged at step {self.step}: loss {loss} ({reason})", flush=True)
         result = {**self._base_result(DIVERGED), "final_train_loss": math.inf, "train_eval_loss": math.inf,
                   "train_eval_acc": None, "eval_split": self.cfg.eval.split, "val_loss": math.inf, "val_acc": None,
-                  "diverged_step": self.step, "diverged_loss": json_float(loss),
+                  "diverged_step": self.step, "diverged_loss": json_float(loss), "diverged_reason": reason,
                   "wall_time_s": round(self.elapsed, 3)}
         return self._write_result(result)
 
