@@ -165,6 +165,34 @@ def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp
     assert sum(e["event"] == "retake" for e in store.events()) == len(stale)  # every interrupted claim taken over
 
 
+def test_ctrl_c_on_the_process_group_checkpoints_and_releases_the_cell_once(tmp_path):
+    import torch
+
+    endless = {**BASE, "train": {"steps": 10**6, "batch_size": 32}, "checkpoint": {"every": 0},
+               "logging": {"progress": False, "log_every": 1}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": endless, "axes": {"optim.lr": [0.05], "model.depth": [1]},
+                                    "scale_key": "model.depth"}))
+    store = SweepStore(tmp_path / "out")
+    proc = moga_sweep(path, store.dir, "--workers", "1")
+    try:
+        while max(_live_progress(store).values(), default=0) < 1:  # the cell is training
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.05)
+        seen = max(_live_progress(store).values())
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the sweep and its workers
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    errors = proc.stderr.read().decode()
+    assert "Traceback" not in errors and "KeyboardInterrupt" not in errors, errors
+    (cell,) = store.cells()
+    assert cell["status"] == "pending" and [e["event"] for e in store.events()] == ["claim", "release"]
+    checkpoint = torch.load(store.cell_dir(cell["id"]) / "checkpoint.pt", weights_only=True)
+    assert seen <= checkpoint["step"] < 10**6  # saved where it stopped (no periodic checkpoints in this config)
+
+
 def test_two_processes_share_a_sweep_without_running_a_cell_twice(tmp_path):
     path = write_sweep(tmp_path)
     out = tmp_path / "out"

@@ -135,3 +135,27 @@ def test_cli_trains_stops_resumes_and_reports(tmp_path):
     assert diverged.exit_code == 0 and "status diverged" in diverged.output
     other = runner.invoke(_app(), args[:-2] + ["optim.lr=0.1", "-o", str(tmp_path / "run")])
     assert other.exit_code == 1 and "optim.lr: 0.05 -> 0.1" in other.output
+
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/x", "a/b", "..", "."])
+def test_run_names_are_single_path_components(name):
+    with pytest.raises(ConfigError, match="single path component"):
+        build_config(tiny(name=name))
+    assert build_config(tiny(name="lr-0.1_depth8")).name == "lr-0.1_depth8"
+
+
+def test_no_import_refuses_factories_outside_moga(tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MOGA_NO_IMPORT", raising=False)
+    cfg = build_config({**tiny(), "model": {"name": "torch.nn:Linear", "in_features": 64, "out_features": 10}})
+    assert model_kwargs(cfg)  # allowed by default
+    help_text = CliRunner().invoke(_app(), ["train", "--help"], terminal_width=200).output
+    assert "A config is code" in help_text and "--no-import" in help_text
+    out = CliRunner().invoke(_app(), ["train", "model.name=os:system", f"model.command=touch {marker}",
+                                      "train.steps=1", "--no-import", "-o", str(tmp_path / "run")])
+    assert out.exit_code == 2 and "refused" in out.output and not marker.exists()
+    monkeypatch.setenv("MOGA_NO_IMPORT", "1")
+    with pytest.raises(ConfigError, match="refused"):
+        model_kwargs(cfg)
+    assert model_kwargs(build_config(tiny(model={"name": "moga.models:ResidualMLP"})))  # moga's own: allowed

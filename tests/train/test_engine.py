@@ -10,7 +10,7 @@ import torch
 from moga.train import CheckpointError, build_config, read_metrics, run
 from moga.train.checkpoint import save_checkpoint
 
-from .conftest import gpt_config, same_tensors, tiny
+from .conftest import gpt_config, merge, same_tensors, tiny
 
 TIMING = ("time", "samples_per_s", "tokens_per_s")
 
@@ -122,11 +122,83 @@ def test_saves_are_atomic(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match="disk full.*previous checkpoint is intact"):
         save_checkpoint(path, {"step": 2})
     monkeypatch.undo()
     assert torch.load(path, weights_only=True)["step"] == 1  # the old checkpoint is untouched
     assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]  # and no temporary file is left
+
+
+def test_a_flipped_bit_or_an_empty_checkpoint_is_corrupted_not_diverged(tmp_path):
+    run_dir = tmp_path / "run"
+    run(tiny(), run_dir, stop_at=4)
+    path = run_dir / "checkpoint.pt"
+    weight = next(iter(torch.load(path, weights_only=True)["model"].values()))
+    data = bytearray(path.read_bytes())
+    at = bytes(data).find(weight.reshape(-1)[:4].numpy().tobytes())  # the weights' bytes, stored as they are
+    assert at > 0
+    data[at + 1] ^= 0x04  # one bit of a mantissa: the file still loads
+    path.write_bytes(bytes(data))
+    for broken in (bytes(data), b""):
+        path.write_bytes(broken)
+        with pytest.raises(CheckpointError) as info:
+            run(tiny(), run_dir)
+        message = str(info.value)
+        assert "corrupted" in message and str(path) in message and "Delete it" in message
+        assert not (run_dir / "result.json").exists()  # nothing is recorded, least of all "diverged"
+
+
+DISK_FULL = """
+import resource, signal, sys
+from moga.train.cli import train
+import typer
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), int(sys.argv[1])))
+app = typer.Typer()
+app.command()(train)
+app(sys.argv[2:])
+"""
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_previous_checkpoint(tmp_path):
+    import subprocess
+
+    cfg = tiny(eval={"every": 0})
+    run(cfg, tmp_path / "run", stop_at=4)
+    path = tmp_path / "run" / "checkpoint.pt"
+    before = path.read_bytes()
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps(cfg))
+    limit = len(before) // 2  # every other file stays far below it
+    proc = subprocess.run([sys.executable, "-c", DISK_FULL, str(limit), str(config), "-o", str(tmp_path / "run"),
+                           "-q"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stderr
+    assert f"could not write the checkpoint {path}" in proc.stderr
+    assert "previous checkpoint is intact" in proc.stderr and "Traceback" not in proc.stderr
+    assert path.read_bytes() == before and [p.name for p in path.parent.glob(".checkpoint*")] == []
+
+
+def test_a_run_directory_that_is_a_file_and_a_failed_config_leave_nothing(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ValueError, match="is an existing file"):
+        run(tiny(), tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "mine"
+    with pytest.raises(ValueError, match="model.colour"):
+        run(tiny(model={"colour": "red"}), tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_divergence_needs_no_ceiling(tmp_path):
+    # Loss 1.6, 0.7, 2.7, 23.6 (x14 the first): before the default rule this finished with val_loss 3e10.
+    cfg = tiny(data={"name": "synthetic"}, optim={"name": "sgd", "lr": 0.5},
+               train={"steps": 4, "batch_size": 64}, eval={"every": 0}, logging={"log_every": 1})
+    result = run(cfg, tmp_path / "run")
+    assert result["status"] == "diverged" and result["diverged_step"] == 3
+    assert math.isfinite(result["diverged_loss"]) and "divergence_factor" in result["diverged_reason"]
+    first = read_metrics(tmp_path / "run" / "metrics.jsonl", "train")[0]["loss"]
+    assert result["diverged_loss"] > 10 * first
+    off = run(merge(cfg, {"train": {"divergence_factor": None}}), tmp_path / "off")
+    assert off["status"] == "finished"
 
 
 @pytest.mark.parametrize("case", ["nonfinite", "ceiling"])

@@ -1,0 +1,78 @@
+"""The store's errors a user can act on: a damaged sweep.db, a directory with no sweep; a report from it."""
+
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from moga.sweep.results import records
+from moga.sweep.spec import Sweep
+from moga.sweep.store import SweepStore
+from moga.sweep.worker import run_worker
+
+BASE = {
+    "seed": 0,
+    "model": {"name": "residual_mlp", "width": 8},
+    "data": {"name": "digits"},
+    "optim": {"name": "muon", "lr": 0.05},
+    "train": {"steps": 2, "batch_size": 32},
+    "eval": {"every": 0, "train_eval": False, "max_batches": 1},
+    "logging": {"progress": False},
+}
+
+
+@pytest.fixture(scope="module")
+def settled(tmp_path_factory):
+    """A settled lr x depth sweep of one optimizer (no optim.name axis), worked in this process."""
+    sweep = Sweep.from_dict({"base": BASE, "axes": {"optim.lr": [0.05, 0.1], "model.depth": [1, 2]},
+                             "scale_key": "model.depth"})
+    store = SweepStore(tmp_path_factory.mktemp("settled") / "sweep")
+    store.create_or_check(sweep)
+    assert run_worker(store.dir) == 4
+    return sweep, store
+
+
+@pytest.fixture
+def finished_sweep(settled, tmp_path):
+    sweep, store = settled
+    shutil.copytree(store.dir, tmp_path / "sweep")
+    return sweep, SweepStore(tmp_path / "sweep")
+
+
+def _app():
+    from moga.cli import app
+
+    return app
+
+
+def test_report_takes_the_optimizer_from_the_base_config(settled):
+    from moga.sweep.report.schema import parse_records
+
+    rows = parse_records(records(settled[1]), "model.depth")  # what `moga report DIR` reads
+    assert len(rows) == 4 and {r.optimizer for r in rows} == {"muon"}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_damaged_store_says_so_and_rebuilds_from_the_run_directories(finished_sweep, damage):
+    sweep, store = finished_sweep
+    before = {c["id"]: c["result"] for c in store.cells()}
+    data = store.path.read_bytes()
+    for side in store.dir.glob("sweep.db-*"):
+        side.unlink()
+    store.path.write_bytes({"truncated": data[: len(data) // 3], "garbage": b"\x13moga" * 1000, "empty": b""}[damage])
+    out = CliRunner().invoke(_app(), ["sweep", "status", str(store.dir)], terminal_width=300)
+    assert out.exit_code == 2 and "damaged" in out.output and "--rebuild" in out.output, out.output
+    assert "Traceback" not in out.output
+    assert store.set_aside().name == "sweep.db.damaged"
+    store.create_or_check(sweep)
+    assert run_worker(store.dir) == 4
+    assert {c["id"]: c["result"] for c in store.cells()} == before  # read back from result.json, not retrained
+
+
+@pytest.mark.parametrize("make", [lambda d: d.mkdir(), lambda d: None])
+def test_status_of_a_directory_without_a_sweep_creates_nothing(tmp_path, make):
+    directory = tmp_path / "nothing"
+    make(directory)
+    out = CliRunner().invoke(_app(), ["sweep", "status", str(directory)], terminal_width=300)
+    assert out.exit_code == 2 and "holds no sweep" in out.output, out.output
+    assert not (directory / "sweep.db").exists()
