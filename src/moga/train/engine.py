@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from moga.data import derive_seed
+from moga.status import Status
 
 from . import distributed
 from .build import build_model, build_optimizer
@@ -43,7 +44,7 @@ from .schedule import build_schedule
 from .tasks import build_task
 
 CHECKPOINT, RESULT, CONFIG, METRICS, PLAN = "checkpoint.pt", "result.json", "config.yaml", "metrics.jsonl", "plan.txt"
-FINISHED, DIVERGED, STOPPED = "finished", "diverged", "stopped"
+FINISHED, DIVERGED, STOPPED = Status.FINISHED, Status.DIVERGED, Status.STOPPED
 
 
 def run(config: RunConfig | dict | str | Path, run_dir: str | Path, *, stop_at: int | None = None,
