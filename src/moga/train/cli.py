@@ -121,7 +121,8 @@ wrong type is an error that lists the valid keys. Rerunning the same command res
 
 A run that diverges ends with status "diverged" and exit code 0: it is a result, not a crash. It diverges
 on a non-finite loss, a loss above train.divergence_factor (default 10) times the first step's loss, or
-one above train.loss_ceiling (default: none); the default needs no tuning, in sweeps too. final_train_loss is the mean training loss over the last
+one above train.loss_ceiling (default: none); the default needs no tuning, in sweeps too.
+final_train_loss is the mean training loss over the last
 eval.final_window steps (default: the last epoch). Several processes: torchrun --nproc-per-node N -m
 moga.train CONFIG [KEY=VALUE]... gives the result of one process with the same global batch.
 
