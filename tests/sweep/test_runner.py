@@ -137,8 +137,8 @@ def kill_mid_cell(proc: subprocess.Popen, store: SweepStore, at_step: int, whole
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a safety net only: under load this waits for cells to reach their kill points
 def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp_path):
-    # Cells long enough to be killed mid-run (60 steps, checkpoints every 3, a metrics record every step).
-    slow = {**BASE, "train": {"steps": 60, "batch_size": 32}, "logging": {"progress": False, "log_every": 1}}
+    # Cells long enough to be killed mid-run (40 steps, checkpoints every 3, a metrics record every step).
+    slow = {**BASE, "train": {"steps": 40, "batch_size": 32}, "logging": {"progress": False, "log_every": 1}}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": slow, "axes": AXES, "scale_key": "model.depth"}))
     reference = SweepStore(tmp_path / "reference")
@@ -150,7 +150,7 @@ def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp
     stale = set()  # (cell, owner) of every claim a kill left behind
     for round_ in range(4):
         proc = moga_sweep(path, out, "--workers", "2")
-        kill_mid_cell(proc, store, at_step=rng.randint(0, 50), whole_group=round_ != 3)
+        kill_mid_cell(proc, store, at_step=rng.randint(0, 30), whole_group=round_ != 3)
         deadline = time.time() + 15
         while _processes_mentioning(str(out)) and time.time() < deadline:
             time.sleep(0.2)
