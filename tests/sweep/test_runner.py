@@ -139,10 +139,12 @@ def kill_mid_cell(proc: subprocess.Popen, store: SweepStore, at_step: int, whole
 def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp_path):
     # Cells long enough to be killed mid-run (40 steps, checkpoints every 3, a metrics record every step).
     slow = {**BASE, "train": {"steps": 40, "batch_size": 32}, "logging": {"progress": False, "log_every": 1}}
+    axes = {**AXES, "optim.lr": {"by": "optim.name", "values": {"moga": [0.1], "adamw": [0.01]}}}
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"base": slow, "axes": AXES, "scale_key": "model.depth"}))
+    path.write_text(yaml.safe_dump({"base": slow, "axes": axes, "scale_key": "model.depth"}))
     reference = SweepStore(tmp_path / "reference")
-    run_sweep(Sweep.from_file(path), reference.dir, workers=1, progress=False)
+    # As many workers as below: the same threads per worker, so the same floating-point reductions.
+    run_sweep(Sweep.from_file(path), reference.dir, workers=2, progress=False)
 
     out = tmp_path / "chaos"
     store = SweepStore(out)
