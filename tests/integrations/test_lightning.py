@@ -37,7 +37,8 @@ def test_lightning_trains_and_resumes_with_the_same_losses(corpus, tmp_path):
 
     def fit(seed, ckpt_path=None):
         module = CharGPT(data.vocab_size, seed)
-        checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, every_n_epochs=1)
+        checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / str(seed), save_top_k=-1,
+                                                          every_n_epochs=1)
         trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, callbacks=[checkpoints],
                             enable_progress_bar=False, enable_model_summary=False, deterministic=True)
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=BATCH), ckpt_path=ckpt_path)
@@ -46,5 +47,5 @@ def test_lightning_trains_and_resumes_with_the_same_losses(corpus, tmp_path):
     full, trainer = fit(seed=0)
     assert len(full) == 2 * EPOCH and sum(full[-3:]) < sum(full[:3])
     assert isinstance(trainer.optimizers[0], MOGA) and trainer.optimizers[0].plan["model.lm_head.weight"].role == "tied"
-    resumed, _ = fit(seed=1, ckpt_path=tmp_path / f"epoch=0-step={EPOCH}.ckpt")  # other initial weights
+    resumed, _ = fit(seed=1, ckpt_path=tmp_path / "0" / f"epoch=0-step={EPOCH}.ckpt")  # other initial weights
     assert resumed == full[EPOCH:]  # bitwise: weights, MOGA's momentum and the schedule come back

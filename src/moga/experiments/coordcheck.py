@@ -35,16 +35,13 @@ from torch import nn
 from torch.func import functional_call
 
 from moga.depth import residual_alpha
-from moga.optim import MOGA, Muon, ScaledAdamW
+from moga.optim.registry import OPTIMIZERS as REGISTRY
 from moga.roles import build_plan
 
 QUANTITIES = ("output", "update", "norm")
 JUDGED = ("update",)  # the norm is lr by construction for steepest descent; it is shown, not judged
-CONTROL = "adamw"
-OPTIMIZERS: dict[str, Callable] = {
-    "moga": MOGA, "muon": Muon, "adamw-scaled": ScaledAdamW,
-    CONTROL: lambda model, lr: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
-}
+CONTROL = "adamw"  # torch's AdamW: no width factors
+OPTIMIZERS = ("moga", "muon", "adamw-scaled", CONTROL)
 DEFAULT_LR = {"moga": 2**-4, "muon": 0.02, "adamw-scaled": 2**-6, CONTROL: 2**-6}
 
 
@@ -182,7 +179,7 @@ def tracked_layers(model: nn.Module, plan) -> dict[str, tuple[nn.Module, str, ob
 
 def run_one(problem: Problem, optimizer: str, lr: float, steps: int, width: int, depth: int | None) -> list[Record]:
     model = problem.model
-    opt = OPTIMIZERS[optimizer](model, lr=lr)
+    opt = REGISTRY[optimizer].build(model, lr=lr)
     plan = getattr(opt, "plan", None) or build_plan(model)  # the control is measured in MOGA's geometries
     layers = tracked_layers(model, plan)
     seen: dict[str, tuple] = {}
@@ -329,7 +326,7 @@ def figure(records: list[Record], optimizer: str, depth: int | None = None):
 # --- the whole check -----------------------------------------------------------------------------------
 
 
-def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = ("moga", "muon", "adamw-scaled", CONTROL),
+def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZERS,
                widths: Sequence[int] = (64, 128, 256, 512, 1024), depths: Sequence[int] | None = None,
                steps: int = 5, lrs: dict[str, float] | None = None, seed: int = 0, tolerance: float = 0.1,
                judged: Sequence[str] = JUDGED) -> tuple[list[Record], list[LayerVerdict]]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from moga.optim import MOGA, Muon, ScaledAdamW
 from moga.optim.base import GeometryOptimizer
+from moga.optim.registry import OPTIMIZERS as REGISTRY
+from moga.optim.registry import UNIT_STEP_OPTIMIZERS as OPTIMIZERS
 
-OPTIMIZERS: dict[str, type[GeometryOptimizer]] = {"moga": MOGA, "muon": Muon, "adamw-scaled": ScaledAdamW}
 _ALIASES = {"scaled-adamw": "adamw-scaled", "scaledadamw": "adamw-scaled"}
 
 
@@ -34,7 +34,7 @@ def create_optimizer(model: nn.Module, args, name: str = "moga", **kwargs) -> Ge
         "lr": args.learning_rate, "weight_decay": args.weight_decay,
         "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon, **kwargs,
     }
-    optimizer = OPTIMIZERS[key](model, **hyper)
+    optimizer = REGISTRY[key].build(model, **hyper)
     for group in optimizer.param_groups:
         if group.get("role") == "vector":
             group["weight_decay"] = 0.0
