@@ -65,8 +65,8 @@ def test_cli_on_a_user_factory(tmp_path):
 
     result = CliRunner().invoke(app, [
         "coordcheck", "--model", "tests.experiments.coordcheck_factory:mlp", "--widths", "16,64", "--steps", "1",
-        "--optim", "moga,adamw", "-o", str(tmp_path)])
+        "--optim", "moga:vectors=sign;p=2.0,adamw", "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert "== moga: all layers flat" in result.stdout
+    assert "== moga:vectors=sign;p=2.0: all layers flat" in result.stdout
     assert "== adamw: 2 blows up" in result.stdout and "4 blows up" in result.stdout
-    assert (tmp_path / "coordcheck_moga.png").is_file() and (tmp_path / "coordcheck.json").is_file()
+    assert (tmp_path / "coordcheck_moga_vectors_sign_p_2.0.png").is_file() and (tmp_path / "coordcheck.json").is_file()

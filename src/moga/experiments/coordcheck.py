@@ -20,10 +20,12 @@ AdamW without width factors is the control: its hidden and readout updates grow 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -179,7 +181,8 @@ def tracked_layers(model: nn.Module, plan) -> dict[str, tuple[nn.Module, str, ob
 
 def run_one(problem: Problem, optimizer: str, lr: float, steps: int, width: int, depth: int | None) -> list[Record]:
     model = problem.model
-    opt = REGISTRY[optimizer].build(model, lr=lr)
+    base, options = optimizer_spec(optimizer)
+    opt = REGISTRY[base].build(model, lr=lr, **options)
     plan = getattr(opt, "plan", None) or build_plan(model)  # the control is measured in MOGA's geometries
     layers = tracked_layers(model, plan)
     seen: dict[str, tuple] = {}
@@ -332,7 +335,7 @@ def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZE
                judged: Sequence[str] = JUDGED) -> tuple[list[Record], list[LayerVerdict]]:
     if not judged or set(judged) - set(QUANTITIES):
         raise ValueError(f"judge must name some of {', '.join(QUANTITIES)}, got {list(judged)}")
-    unknown = [o for o in optimizers if o not in OPTIMIZERS]
+    unknown = [o for o in optimizers if optimizer_spec(o)[0] not in OPTIMIZERS]
     if unknown:
         raise ValueError(f"unknown optimizer(s) {unknown}; choose from {', '.join(OPTIMIZERS)}")
     if len(widths) < 2 or any(w < 1 for w in widths):
@@ -342,7 +345,7 @@ def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZE
     build = problem_factory(model)
     records = []
     for optimizer in optimizers:
-        lr = (lrs or {}).get(optimizer, DEFAULT_LR[optimizer])
+        lr = (lrs or {}).get(optimizer, DEFAULT_LR[optimizer_spec(optimizer)[0]])
         for depth in depths or [None]:
             for width in widths:
                 kwargs = {"width": width, "seed": seed, **({"depth": depth} if depth is not None else {})}
@@ -362,12 +365,28 @@ def report(records: list[Record], found: list[LayerVerdict], out: Path | None) -
             lines.append(f"{'layer':<28} {'role':<9} slope of log value vs log width at the last step; verdict")
             lines += [v.line() for v in group]
             if out is not None:
-                name = f"coordcheck_{optimizer}" + (f"_depth{depth}" if depth is not None else "") + ".png"
+                label = re.sub(r"[^\w.-]+", "_", optimizer)
+                name = f"coordcheck_{label}" + (f"_depth{depth}" if depth is not None else "") + ".png"
                 lines.append(f"figure: {plot(records, out / name, optimizer, depth)}")
     if out is not None:
         (out / "coordcheck.json").write_text(json.dumps({
             "records": [asdict(r) for r in records], "verdicts": [asdict(v) for v in found]}, indent=1))
     return "\n".join(lines)
+
+
+def optimizer_spec(spec: str) -> tuple[str, dict]:
+    """``"moga:vectors=sign;p=2.5"`` -> ``("moga", {"vectors": "sign", "p": 2.5})``."""
+    name, _, options = spec.partition(":")
+    kwargs = {}
+    for item in filter(None, options.split(";")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"optimizer option {item!r} in {spec!r} is not key=value")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            kwargs[key.strip()] = value.strip()
+    return name.strip(), kwargs
 
 
 def _ints(text: str | None) -> list[int] | None:
@@ -377,7 +396,9 @@ def _ints(text: str | None) -> list[int] | None:
 def coordcheck_command(
     model: str = typer.Option("residual_mlp", "--model", "-m",
                               help=f"{', '.join(FAMILIES)}, or package.module:factory taking width (and depth)"),
-    optim: str = typer.Option(",".join(OPTIMIZERS), "--optim", help="comma-separated; adamw is the control"),
+    optim: str = typer.Option(",".join(OPTIMIZERS), "--optim",
+                              help="comma-separated, each with options if any (moga:vectors=sign;p=2.5); "
+                                   "adamw is the control"),
     widths: str = typer.Option("64,128,256,512,1024", help="comma-separated widths"),
     depths: str = typer.Option(None, help="comma-separated depths (default: the model's own)"),
     steps: int = typer.Option(5, min=1, help="optimizer steps per width"),
