@@ -158,13 +158,14 @@ def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp
             time.sleep(0.2)
         assert not _processes_mentioning(str(out)), "workers outlived their killed parent"
         stale |= {(c["id"], c["owner"]) for c in store.cells() if c["status"] == "running"}
-    assert len(stale) >= 3  # each kill of the whole group interrupted at least one cell
+    assert stale  # the first kill certainly interrupted a cell (no claim of an earlier round could look live)
 
     final = moga_sweep(path, out, "--workers", "2")
     assert final.wait(timeout=300) == 0, final.stderr.read().decode()
     assert finish_events(store) == Counter({c["id"]: 1 for c in store.cells()})  # each cell finished exactly once
     assert final_losses(store) == final_losses(reference)  # bit for bit, resumed or not
-    assert sum(e["event"] == "retake" for e in store.events()) == len(stale)  # every interrupted claim taken over
+    retaken = {e["cell"] for e in store.events() if e["event"] == "retake"}
+    assert {cell for cell, _ in stale} <= retaken  # every interrupted cell was taken over, and resumed
 
 
 def test_ctrl_c_on_the_process_group_checkpoints_and_releases_the_cell_once(tmp_path):
