@@ -117,6 +117,9 @@ def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
         overrides = {**own, **kw.pop("overrides", {})}
         if "betas" in kw:
             kw["betas"] = tuple(kw["betas"])
+        if "matrices" in kw:  # column normalization and the like: every matrix but the readout
+            matrices = kw.pop("matrices")
+            kw["geometries"] = {role: matrices for role in ("input", "hidden", "conv")}
         cls = {"moga": MOGA, "muon": Muon, "adamw-scaled": ScaledAdamW}[o.name]
         return cls(model, weight_decay=o.weight_decay, overrides=overrides or None, **kw)
     if o.name == "adamw":

@@ -116,7 +116,8 @@ class DataConfig(_Section):
 
 OPTIMIZERS = ("moga", "muon", "adamw", "adamw-scaled", "sgd", "adaptive-gd")
 _OPTIM_KEYS = {  # the optional keys each optimizer reads; setting another is an error
-    "moga": {"momentum", "nesterov", "betas", "eps", "p", "embedding_q", "vectors", "overrides", "nonfinite"},
+    "moga": {"momentum", "nesterov", "betas", "eps", "p", "embedding_q", "vectors", "matrices", "overrides",
+             "nonfinite"},
     "muon": {"momentum", "nesterov", "betas", "eps", "embedding_q", "vectors", "scale", "ns_steps", "ns_dtype",
              "overrides", "nonfinite"},
     "adamw": {"betas", "eps"},
@@ -148,6 +149,9 @@ class OptimConfig(_Section):
     layers: int | None = Field(None, ge=1, description="adaptive-gd: L, the number of layers "
                                "(default: from the model)")
     overrides: dict[str, str] | None = Field(None, description="role-plan overrides {parameter glob: role}")
+    matrices: str | None = Field(None, description="moga: the geometry of input, hidden and conv matrices in "
+                                 "place of row(p), e.g. 'col(q=2)' (the width paper's column normalization); "
+                                 "the readout keeps row(p)")
     nonfinite: Literal["skip", "raise"] | None = Field(None, description="moga family: non-finite gradients")
     step_rule: Literal["lr", "depth_paper"] = Field(
         "lr", description="lr: the schedule's rate; depth_paper (moga, muon, adamw-scaled): "
