@@ -6,6 +6,7 @@ import typer
 
 from moga.bench.cli import bench_app
 from moga.experiments.demo import demo_command
+from moga.experiments.reproduce.cli import reproduce_command
 from moga.experiments.smoothness.cli import smoothness_command
 from moga.sweep.cli import sweep
 from moga.sweep.report.cli import report_command
@@ -19,6 +20,7 @@ app.command("sweep")(sweep)
 app.command("report")(report_command)
 app.command("smoothness")(smoothness_command)
 app.command("demo")(demo_command)
+app.command("reproduce")(reproduce_command)
 app.add_typer(bench_app, name="bench")
 
 
