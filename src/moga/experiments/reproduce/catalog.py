@@ -212,8 +212,8 @@ def estimate(rep: Reproduction, scale: str = "cpu", cores: int = 2) -> dict:
     sweep = rep.sweep(scale)
     seen: dict[str, dict] = {}
     costs = []
-    for c in sweep.cells:  # cells that differ only in lr or seed cost the same: build each model once
-        key = json.dumps({k: v for k, v in c.items() if k not in (sweep.spec.lr_key, "seed")}, sort_keys=True)
+    for c in sweep.cells:  # cells that differ only in optimizer settings or seed cost the same: one model each
+        key = json.dumps({k: v for k, v in c.items() if not k.startswith("optim.") and k != "seed"}, sort_keys=True)
         if key not in seen:
             seen[key] = cell_cost(sweep.config(c))
         costs.append(seen[key])
