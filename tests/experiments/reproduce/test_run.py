@@ -1,6 +1,7 @@
 """Judging a paper's claim from the panels' verdicts, and two reproductions end to end in miniature."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from moga.sweep.report import analyze
 
 from ...sweep.report.synthetic import parabola_sweep
 
+SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")  # this project's shared data, as in tests/train
 EXPECT = [{"panel": {"scaling": "inverse_depth"}, "verdict": "transfers"},
           {"panel": {"scaling": "none"}, "verdict": "does not transfer"}]
 
@@ -65,7 +67,9 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     race = mini("race", base={"train": {"steps": 12}, "logging": {"log_every": 1}, "checkpoint": {"every": 6},
                               "eval": {"final_window": 4}},
                 axes={"optim.lr": {"by": "optim.name", "values": {"moga": [0.05], "muon": [0.05]}}})
-    result = reproduce(race, runs / "quick" / "race", "quick", workers=2, progress=False)
+    if not SHAKESPEARE.is_file():
+        pytest.skip("tiny Shakespeare is not here for the race miniature")
+    result = reproduce(race, runs / "quick" / "race", "quick", workers=2, progress=False, data=str(SHAKESPEARE))
     assert result["outcome"] in ("held", "failed")
     assert "reaches loss" in result["key"] and len(result["details"]) == 2
     reach = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text())["reach"]

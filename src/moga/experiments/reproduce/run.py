@@ -39,7 +39,7 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
                            progress=progress)
         judge = {"transfer": _transfer, "joint": _joint, "race": _race}[rep.kind]
         outcome = judge(rep, sweep, out, max_regret)
-        outcome["runs"] = {k: v for k, v in counts.items() if k != "seconds" and v}
+        outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
         outcome["data"] = sweep.base["data"].get("name")
     outcome.update(name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
                    command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
