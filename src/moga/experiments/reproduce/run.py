@@ -35,8 +35,9 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
         from moga.sweep.executor import run_sweep
 
         sweep = rep.sweep(scale, data)
+        # failed cells (a missing data set, say) run again: a reproduction is re-run to complete it
         counts = run_sweep(sweep, out, workers=workers, executor=executor, ray_address=ray_address,
-                           progress=progress)
+                           progress=progress, retry_failed=True)
         judge = {"transfer": _transfer, "joint": _joint, "race": _race}[rep.kind]
         outcome = judge(rep, sweep, out, max_regret)
         outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
