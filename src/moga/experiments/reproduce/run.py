@@ -227,7 +227,12 @@ def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     ratio_t = reach[rival]["time"] / reach[subject]["time"] if reach[subject]["time"] else math.nan
     ratio_s = reach[rival]["step"] / reach[subject]["step"] if reach[subject]["step"] else math.nan
     key = f"{subject} reaches loss {target:.3f} in {1 / ratio_t:.2f}x {rival}'s time, {1 / ratio_s:.2f}x its tokens"
-    details = [f"{n}: best lr {best[n]['lr']:g}, final loss {best[n]['loss']:.4f}, reaches {target:.4f} at step "
+    grids = {n: sorted(c["params"]["optim.lr"] for c in store.cells() if c["params"].get("optim.name") == n)
+             for n in contenders}
+    details = [f"{n}: best lr {best[n]['lr']:g}"
+               + (" (at the edge of its lr grid: it may not be tuned)" if best[n]["lr"] in (grids[n][0], grids[n][-1])
+                  else "")
+               + f", final loss {best[n]['loss']:.4f}, reaches {target:.4f} at step "
                f"{reach[n]['step']} ({reach[n]['step'] * tokens_per_step} tokens, {reach[n]['time']:.1f} s)"
                for n in contenders]
     figure = _plot_race(curves, tokens_per_step, target, out / "report" / "race.png")
@@ -279,12 +284,13 @@ def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, pro
     checks = []
     for entry in result["adaptive_vs_constant"]:
         checks.append((f"adaptive beats every constant rate on {entry['data']}", entry["held"],
-                       f"{entry['adaptive_final_loss']:.4g} vs {entry['best_constant_final_loss']:.4g}"))
+                       f"adaptive {entry['adaptive_final_loss']:.4g} vs best constant "
+                       f"{entry['best_constant_final_loss']:.4g} ({entry['data']})"))
     shared = result.get("shared") or {}
     for kind, d in (shared.get("deeper_slower") or {}).items():
         rho = d.get("spearman")
         checks.append((f"deeper converges slower ({kind} lr)", d.get("held"),
-                       "Spearman n/a" if rho is None else f"Spearman {rho:.2f}"))
+                       "depth vs loss: too few depths" if rho is None else f"depth vs loss Spearman {rho:.2f}"))
     for kind, r in (result.get("long") or {}).items():
         if isinstance(r, dict) and "still_growing" in r:
             checks.append((f"||W_t|| still growing at L = 2 ({kind} lr)", r["still_growing"],

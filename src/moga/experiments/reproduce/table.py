@@ -44,8 +44,8 @@ def results_table(outcomes: dict[str, dict[str, dict]]) -> str:
             key = f"quick: {quick[name].get('key') or 'n/a'}"
         else:
             outcome, key = "not run", ""
-        claim = rep.claim.replace("|", "/")
-        lines.append(f"| {rep.paper} ({rep.figure}) | {claim} | {command} | {outcome} | {key.replace('|', '/')} |")
+        cells = [f"{rep.paper} ({rep.figure})", rep.claim, command, outcome, key]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
 
