@@ -26,6 +26,9 @@ KINDS = ("transfer", "joint", "race", "convergence")
 # Calibrated on `moga demo` (108 residual-MLP runs, 1.4e13 training FLOPs), which took 420 s with 2 workers on
 # this project's 2-core machine when it was quiet; this model gives it 8 minutes. Used for estimates only.
 CPU_FLOPS_PER_CORE = 20e9
+# The convergence experiment's batch-512, width-512 matmuls run far faster: calibrated on its default run
+# (Fashion-MNIST and CIFAR-10), which took 153 s on the same 2 cores (README, "Smoothness").
+GD_FLOPS_PER_CORE = 115e9
 CELL_OVERHEAD_S = 2.0  # process start, data loading, the final evaluation
 STEP_OVERHEAD_S = 3e-4  # Python and kernel launches per optimizer step, per residual block
 # What each data set hands the model (moga.train.tasks), and its training split (for epoch-length runs).
@@ -235,7 +238,7 @@ def _convergence_seconds(s: dict) -> float:
     for L in s["shared_depths"]:
         total += 6 * shared * L / 2 * (n * s["shared_epochs"] * 3 + s["range_lrs"] * s["range_steps"] * s["batch_size"])
     total += 6 * shared * n * s["long_epochs"] * 2
-    return total / CPU_FLOPS_PER_CORE
+    return total / GD_FLOPS_PER_CORE
 
 
 def describe(value: Any) -> str:
