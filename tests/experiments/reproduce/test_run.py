@@ -79,10 +79,10 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     assert table.count("\n") == 2 + 7  # header, rule, eight claims
     assert f"not run at CPU scale here; `--quick`: {out['outcome']}" in table
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n## Paper claims\n{START}\nold\n{END}\nrest\n")
+    readme.write_text(f"# x\n\n## Paper claims\n{START}\nSTALE TABLE\n{END}\nrest\n")
     update_readme(readme, runs, tmp_path / "docs" / "reproduce")
     text = readme.read_text()
-    assert "old" not in text and "| `moga reproduce joint` |" in text and text.endswith("rest\n")
+    assert "STALE TABLE" not in text and "| `moga reproduce joint` |" in text and text.endswith("rest\n")
     assert (tmp_path / "docs" / "reproduce" / "quick" / "joint.json").is_file()
     # the table can be made again from the stored copies alone
     assert results_table(load_outcomes(tmp_path / "docs" / "reproduce")) == table
