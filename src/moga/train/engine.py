@@ -345,7 +345,8 @@ class Trainer:
         if not self.quiet:
             shown = {{"eta": "eta_t", "smoothness_L": "L"}.get(k, k): v for k, v in extra.items()
                      if k in ("eta", "w_norm", "smoothness_L")}
-            print(progress_line(self.step, self.total, loss, lr, rate, self.task.unit, eta, shown), flush=True)
+            print(progress_line(self.step, self.total, loss, lr, rate, self.task.unit, eta, shown, self.dist.world),
+                  flush=True)
 
     @torch.no_grad()
     def evaluate(self, split: str) -> tuple[float, float | None]:
