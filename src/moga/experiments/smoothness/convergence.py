@@ -40,14 +40,11 @@ LOSS_CEILING = 50.0  # cross-entropy starts near log(10) = 2.3: a loss of 50 is 
 
 def _available(data: str) -> bool:
     """Whether the data set's files are here (Fashion-MNIST and CIFAR-10 are optional installs)."""
-    from moga.data.images import FASHION_MNIST_DIR
-    from moga.data.paths import DEV_DATA_DIR, resolve_path
+    from moga.data.images import locate_image_data
 
     try:
-        if data == "fashion-mnist":
-            resolve_path(None, "MOGA_FASHION_MNIST", [FASHION_MNIST_DIR], "")
-        elif data == "cifar10":
-            resolve_path(None, "MOGA_CIFAR10", [DEV_DATA_DIR / "cifar10-jpeg.tar.gz"], "")
+        if data in ("fashion-mnist", "cifar10"):
+            locate_image_data(data)
     except FileNotFoundError:
         return False
     return True
