@@ -94,6 +94,15 @@ def all_sum(d: Dist, values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def gather_objects(d: Dist, obj) -> list:
+    """A list with every rank's obj (on every rank): the engine saves every rank's RNG state."""
+    if not d.active:
+        return [obj]
+    out = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier(d: Dist) -> None:
     if d.active:
         dist.barrier()
