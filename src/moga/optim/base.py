@@ -19,6 +19,8 @@ from torch.optim import Optimizer
 
 from moga.geometry import parse_geometry
 from moga.layout import resolve_layout
+from moga.optim import sharded
+from moga.optim.sharded import DTensor, WholeJob, local
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace, scratch
 
@@ -78,6 +80,7 @@ class GeometryOptimizer(Optimizer):
         overrides: Mapping | None = None,
         nonfinite: str = "skip",
         foreach: bool = True,
+        distributed: bool | None = None,
     ):
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
@@ -95,6 +98,7 @@ class GeometryOptimizer(Optimizer):
             self.plan = params
             params = params.param_groups()
         self.nonfinite = nonfinite
+        self.distributed = distributed
         self.skipped_steps = 0
         self._workspace = Workspace()  # scratch for temporaries; not state, never saved
         super().__init__(params, defaults)
@@ -117,6 +121,7 @@ class GeometryOptimizer(Optimizer):
                 raise ValueError(f"{name}: {e}") from None
             if group["update"] == "adam" and geometry.sign_scale(p.shape, layout) is None:
                 raise ValueError(f"{name}: update='adam' needs a sign geometry, not {geometry}")
+            sharded.check_placements(name, p, geometry if group["update"] == "lmo" else parse_geometry("sign"), layout)
 
     # --- stepping ------------------------------------------------------------------------------------
 
@@ -128,39 +133,57 @@ class GeometryOptimizer(Optimizer):
                 loss = closure()
         if not self._gradients_finite():
             return loss
+        whole: list[WholeJob] = []  # steps that need whole matrices, split among ranks after the loop
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             grads = []
-            for p in params:
+            for k, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
                 if p.grad.is_sparse:
                     raise RuntimeError("moga optimizers do not support sparse gradients")
+                sharded.check_grad(group["names"][k] if "names" in group else f"params[{k}]", p)
                 grads.append(p.grad)
             if group["update"] == "adam":
                 self._adam_step(group, params, grads)
             else:
-                self._lmo_step(group, params, grads)
+                whole += self._lmo_step(group, params, grads)
+        sharded.step_whole(whole)
         return loss
 
-    def _lmo_step(self, group, params, grads):
+    def _lmo_step(self, group, params, grads) -> list[WholeJob]:
         geometry = parse_geometry(group["geometry"])
         lr, momentum, wd, fast = group["lr"], group["momentum"], group["weight_decay"], group["foreach"]
         workspace = self._workspace if fast else None
+        # DTensor parameters (FSDP2) step on their local shards; see moga.optim.sharded.
+        shards, grads = [local(p) for p in params], [local(g) for g in grads]
         directions = grads
         if momentum > 0:
-            directions = [self._buffer(p, "momentum_buffer") for p in params]
+            directions = [local(self._buffer(p, "momentum_buffer")) for p in params]
             _lerp_(directions, grads, 1 - momentum, fast)  # the EMA G <- m G + (1 - m) g
         if wd:
-            _mul_(params, 1 - lr * wd, fast)
-        for p, g, d in zip(params, grads, directions):
-            if momentum > 0 and group["nesterov"]:
-                d = torch.lerp(g, d, momentum, out=scratch(workspace, g, 2))
+            _mul_(shards, 1 - lr * wd, fast)
+        whole = []  # spectral steps on sharded or replicated-across-ranks matrices
+        split_replicated = sharded.replicated_world(self.distributed)
+        for p, w, g, d in zip(params, shards, grads, directions):
             layout = _layout_of(group, geometry, p)
-            if fast:
-                geometry.apply_lmo_(p, d, lr, layout, workspace)
+            defer = sharded.reduced_dims(geometry, layout) == sharded.WHOLE and (
+                isinstance(p, DTensor) or split_replicated)
+            if momentum > 0 and group["nesterov"]:
+                d = torch.lerp(g, d, momentum, out=None if defer else scratch(workspace, g, 2))
+            if defer:
+                whole.append(WholeJob(p, d, geometry, layout, lr))
+                continue
+            layout, reduce = sharded.lmo_args(p, geometry, layout)
+            if reduce is not None:
+                geometry.apply_lmo_(w, d, lr, layout, workspace, reduce=reduce)
+            elif fast or w is not p:
+                geometry.apply_lmo_(w, d, lr, layout, workspace)
             else:
                 p.add_(geometry.lmo(d, layout), alpha=lr)
+        return whole
 
     def _adam_step(self, group, params, grads):
         geometry = parse_geometry(group["geometry"])
@@ -168,13 +191,15 @@ class GeometryOptimizer(Optimizer):
         workspace = self._workspace if fast else None
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
-        exp_avgs = [self._buffer(p, "exp_avg") for p in params]
-        exp_avg_sqs = [self._buffer(p, "exp_avg_sq") for p in params]
+        exp_avgs = [local(self._buffer(p, "exp_avg")) for p in params]
+        exp_avg_sqs = [local(self._buffer(p, "exp_avg_sq")) for p in params]
+        shapes = [p.shape for p in params]  # global shapes: the sign factor 1/fan_in is the whole matrix's
+        params, grads = [local(p) for p in params], [local(g) for g in grads]
         for st in states:
             st.setdefault("step", torch.tensor(0.0, dtype=torch.float32))
             st["step"] += 1
         if fast and _fused_adamw_applies(params):
-            self._fused_adam_step(group, geometry, params, grads, exp_avgs, exp_avg_sqs, states)
+            self._fused_adam_step(group, geometry, params, shapes, grads, exp_avgs, exp_avg_sqs, states)
             return
         _lerp_(exp_avgs, grads, 1 - beta1, fast)
         if fast:
@@ -186,22 +211,22 @@ class GeometryOptimizer(Optimizer):
         if wd:
             _mul_(params, 1 - lr * wd, fast)
         # The same expressions as torch.optim.AdamW with lr * c, c the geometry's sign factor.
-        for p, m, v, st in zip(params, exp_avgs, exp_avg_sqs, states):
+        for p, shape, m, v, st in zip(params, shapes, exp_avgs, exp_avg_sqs, states):
             t = st["step"].item()
-            layout = _layout_of(group, geometry, p)
-            step_size = lr * geometry.sign_scale(p.shape, layout) / (1 - beta1**t)
+            layout = _layout_of(group, geometry, torch.empty(shape, device="meta"))
+            step_size = lr * geometry.sign_scale(shape, layout) / (1 - beta1**t)
             denom = torch.sqrt(v, out=scratch(workspace, v, 0)).div_(math.sqrt(1 - beta2**t)).add_(eps)
             p.addcdiv_(m, denom, value=-step_size)
 
-    def _fused_adam_step(self, group, geometry, params, grads, exp_avgs, exp_avg_sqs, states):
+    def _fused_adam_step(self, group, geometry, params, shapes, grads, exp_avgs, exp_avg_sqs, states):
         """torch's fused AdamW kernel, one call per sign factor c: lr*c, and decay wd/c so that the
         decay stays lr*wd. One pass over the tensors instead of about six."""
         lr, wd = group["lr"], group["weight_decay"]
         beta1, beta2 = group["betas"]
         by_scale: dict[float, list[list]] = {}
-        for p, g, m, v, st in zip(params, grads, exp_avgs, exp_avg_sqs, states):
-            layout = _layout_of(group, geometry, p)
-            lists = by_scale.setdefault(geometry.sign_scale(p.shape, layout), [[], [], [], [], []])
+        for p, shape, g, m, v, st in zip(params, shapes, grads, exp_avgs, exp_avg_sqs, states):
+            layout = _layout_of(group, geometry, torch.empty(shape, device="meta"))
+            lists = by_scale.setdefault(geometry.sign_scale(shape, layout), [[], [], [], [], []])
             for bucket, t in zip(lists, (p, g, m, v, st["step"])):
                 bucket.append(t)
         for c, (ps, gs, ms, vs, steps) in by_scale.items():
@@ -228,11 +253,13 @@ class GeometryOptimizer(Optimizer):
             return True
         # NaN and inf propagate through an l2 norm; it also overflows on huge finite values, so those
         # tensors are looked at again elementwise below.
-        flags = [_rows_finite(g) for _, g in named]
+        flags = [_rows_finite(local(g)) for _, g in named]
         same_device = len({f.device for f in flags}) == 1
         finite = torch.stack(flags).cpu() if same_device else torch.stack([f.cpu() for f in flags])  # one sync
         for k in torch.nonzero(~finite).flatten().tolist():
-            finite[k] = bool(torch.isfinite(named[k][1]).all())
+            finite[k] = bool(torch.isfinite(local(named[k][1])).all())
+        # Shards of one tensor live on several ranks: AND the flags so every rank skips alike.
+        finite = sharded.combine_flags([g for _, g in named], finite)
         if bool(finite.all()):
             return True
         bad = [named[k][0] for k in range(len(named)) if not finite[k]]
