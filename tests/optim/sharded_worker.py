@@ -142,6 +142,30 @@ def ddp_muon_case() -> dict:
             "orthogonalized": calls[0], "matrices": len(shapes), "calls": logs[-1].calls}
 
 
+def ddp_gpt_case() -> dict:
+    """Real DDP, each rank on half of the batch: distributed Muon against one process on the whole batch."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ref = gpt()
+    ref_opt = Muon(ref, lr=0.02, distributed=False)
+    model = DistributedDataParallel(gpt())
+    opt = Muon(model.module, lr=0.02)
+    rank, logs = dist.get_rank(), []
+    for step in range(STEPS):
+        idx, targets = batch(step)
+        ref(idx, targets)[1].backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        model(idx[2 * rank: 2 * rank + 2], targets[2 * rank: 2 * rank + 2])[1].backward()
+        log = CommLog()
+        with log:
+            opt.step()
+        opt.zero_grad()
+        logs.append(log)
+    diff = max((p - q).abs().max().item() for p, q in zip(model.module.parameters(), ref.parameters()))
+    return {"diff": diff, "calls": logs[-1].calls}
+
+
 def nonfinite_case(mesh) -> dict:
     """A NaN in one rank's shard only: both ranks skip the step."""
     w = torch.ones(4, 6)
@@ -178,6 +202,7 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
                                 ("col(q=3)", Shard(1)), ("sign", Shard(1)), ("spectral", Shard(1))):
         record(f"user/{geometry}/{placement!r}", lambda: user_placement_case(geometry, placement, mesh))
     record("ddp/muon", ddp_muon_case)
+    record("ddp/gpt", ddp_gpt_case)
     record("nonfinite", lambda: nonfinite_case(mesh))
 
     def bad(geometry, placements):

@@ -108,6 +108,12 @@ def test_ddp_muon_splits_the_work_and_equals_one_process(results):
     assert orthogonalized == got["matrices"]
 
 
+def test_real_ddp_muon_equals_one_process_on_the_whole_batch(results):
+    for r in case(results, "ddp/gpt"):
+        assert r["ddp/gpt"]["diff"] <= TOL
+        assert ops(r["ddp/gpt"]["calls"]) == ["_allgather_base_"]
+
+
 def test_nan_on_one_rank_skips_on_all(results):
     for r in case(results, "nonfinite"):
         assert r["nonfinite"] == {"skipped": 1, "unchanged": True}
