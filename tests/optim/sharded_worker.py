@@ -11,6 +11,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 import moga.geometry
 from moga.bench.comm import CommLog
@@ -198,7 +199,7 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
     hsdp = init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard"))
     for name in ("row-p1.5", "muon"):
         record(f"hsdp/{name}", lambda: fsdp_case(name, hsdp))
-    for geometry, placement in (("row(p=1.5)", Shard(1)), ("row(p=2)", Shard(1)), ("col(q=2)", Shard(0)),
+    for geometry, placement in (("row(p=1.5)", Shard(1)), ("row(p=2)", Shard(1)), ("row(p=inf)", Shard(1)), ("col(q=2)", Shard(0)),
                                 ("col(q=3)", Shard(1)), ("sign", Shard(1)), ("spectral", Shard(1))):
         record(f"user/{geometry}/{placement!r}", lambda: user_placement_case(geometry, placement, mesh))
     record("ddp/muon", ddp_muon_case)
@@ -211,7 +212,7 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
         return lambda: MOGA([{"params": [p], "names": ["blocks.0.mlp.c_fc.weight"]}], geometry=geometry)
 
     results["error/partial"] = error_case(bad("row(p=2)", [Partial()]))
-    results["error/argmax"] = error_case(bad("row(p=inf)", [Shard(1)]))
+    results["error/strided"] = error_case(bad("row(p=2)", [_StridedShard(0, split_factor=2)]))
 
     def grad_sharded_otherwise():
         p = nn.Parameter(distribute_tensor(torch.zeros(4, 6), mesh, [Shard(0)]))

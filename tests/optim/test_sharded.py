@@ -81,6 +81,7 @@ def test_hsdp_mesh(results, name):
 
 @pytest.mark.parametrize("key, reduces", [
     ("user/row(p=1.5)/Shard(dim=1)", 1), ("user/row(p=2)/Shard(dim=1)", 1), ("user/col(q=2)/Shard(dim=0)", 1),
+    ("user/row(p=inf)/Shard(dim=1)", 2),  # the row maximum, then the number of entries that reach it
     ("user/col(q=3)/Shard(dim=1)", 0), ("user/sign/Shard(dim=1)", 0),
 ])
 def test_user_placements(results, key, reduces):
@@ -122,5 +123,5 @@ def test_nan_on_one_rank_skips_on_all(results):
 def test_bad_placement_names_parameter_and_placement(results):
     for r in results:
         assert "blocks.0.mlp.c_fc.weight" in r["error/partial"] and "Partial" in r["error/partial"]
-        assert "blocks.0.mlp.c_fc.weight" in r["error/argmax"] and "Shard(dim=1)" in r["error/argmax"]
+        assert "blocks.0.mlp.c_fc.weight" in r["error/strided"] and "_StridedShard" in r["error/strided"]
         assert "lm_head.weight" in r["error/grad"] and "Shard(dim=1)" in r["error/grad"]

@@ -28,7 +28,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from moga.layout import Layout
 
-WHOLE = "whole"  # the geometry needs every entry of a matrix (spectral)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -57,18 +56,11 @@ class ShardLayout(Layout):
         return Layout(self.spec).from_matrix(mat, shape)
 
 
-def reduced_dims(geometry, layout: Layout | None):
-    """Tensor dims the geometry's LMO reduces over: a tuple, or WHOLE for the whole matrix."""
-    name = geometry.name
-    if name == "spectral":
-        return WHOLE
-    if name in ("sign", "vector") or layout is None:
-        return ()
-    p = geometry.p if name == "row" else getattr(geometry, "q", None)
-    # phi_1 = sign is elementwise (row(p=1), col(q=inf)).
-    if (name == "row" and p == 1) or (name != "row" and p == math.inf):
-        return ()
-    return layout.in_dims if name == "row" else layout.out_dims
+def needs_whole(geometry, layout: Layout | None) -> bool:
+    """The geometry reduces over every axis of its matrix (spectral): its step needs the whole matrix."""
+    if layout is None:
+        return False
+    return set(layout.out_dims + layout.in_dims) <= set(geometry.reduced_dims(layout))
 
 
 class ShardingError(ValueError):
@@ -93,22 +85,13 @@ def check_placements(name: str, p: torch.Tensor, geometry, layout: Layout | None
     for pl in p.placements:
         if type(pl) not in (Shard, Replicate):
             raise ShardingError(
-                f"{name}: placement {pl} of {p.placements} is not supported; parameters must be Shard(d) or "
+                f"{name}: placement {pl!r} in {p.placements} is not supported; parameters must be Shard(d) or "
                 "Replicate() (a Partial or strided shard is not a parameter layout moga can step on)")
-    dims = reduced_dims(geometry, layout)
     shards = sharded_dims(p)
-    if dims == WHOLE:
-        if len(shards) > 1 or any(len(m) > 1 for m in shards.values()):
-            raise ShardingError(
-                f"{name}: {geometry} gathers whole matrices and supports one sharded mesh dim, got placements "
-                f"{p.placements}")
-        return
-    if set(dims) & set(shards) and (geometry.name in ("row", "col", "embedding")):
-        p_exp = geometry.p if geometry.name == "row" else geometry.q
-        if p_exp in (1.0, math.inf):  # phi_inf: an argmax across shards
-            raise ShardingError(
-                f"{name}: {geometry} takes an argmax along dims {dims}, which placements {p.placements} shard; "
-                "use another exponent or shard another dim")
+    if needs_whole(geometry, layout) and (len(shards) > 1 or any(len(m) > 1 for m in shards.values())):
+        raise ShardingError(
+            f"{name}: {geometry} gathers whole matrices and supports one sharded mesh dim, got placements "
+            f"{p.placements}")
 
 
 def check_grad(name: str, p: torch.Tensor) -> None:
@@ -119,7 +102,8 @@ def check_grad(name: str, p: torch.Tensor) -> None:
                             f"with placements {got}; redistribute the gradient like its parameter")
 
 
-def _layout_for(p: torch.Tensor, layout: Layout | None):
+def global_layout(p: torch.Tensor, layout: Layout | None) -> Layout | None:
+    """``layout`` for a DTensor's local shard, with fan_in/fan_out of the global tensor."""
     if layout is None or not isinstance(p, DTensor):
         return layout
     return ShardLayout(layout.spec, tuple(p.shape))
@@ -129,11 +113,13 @@ def _groups(p: DTensor, mesh_dims) -> list:
     return [p.device_mesh.get_group(m) for m in mesh_dims]
 
 
-def make_reducer(p: torch.Tensor, dims):
-    """``reduce(partial, op)`` combining per-row/per-column partials over the ranks that shard ``dims``
-    (in place, returns it); None when nothing is sharded there."""
+def reducer(p: torch.Tensor, geometry, layout: Layout | None):
+    """``reduce(partial, op)`` combining per-row/per-column partials over the ranks that shard the dims
+    ``geometry`` reduces over (in place, returns it); None when those dims are whole on this rank."""
+    if not isinstance(p, DTensor) or layout is None:
+        return None
     shards = sharded_dims(p)
-    mesh_dims = sorted({m for d in dims for m in shards.get(d, ())})
+    mesh_dims = sorted({m for d in geometry.reduced_dims(layout) for m in shards.get(d, ())})
     if not mesh_dims:
         return None
     groups = _groups(p, mesh_dims)
@@ -145,13 +131,6 @@ def make_reducer(p: torch.Tensor, dims):
         return partial
 
     return reduce
-
-
-def lmo_args(p: torch.Tensor, geometry, layout: Layout | None):
-    """(layout, reduce) for a local ``apply_lmo_`` on ``p``'s shard."""
-    dims = reduced_dims(geometry, layout)
-    lay = _layout_for(p, layout)
-    return lay, (make_reducer(p, dims) if isinstance(p, DTensor) and dims != WHOLE else None)
 
 
 def combine_flags(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
