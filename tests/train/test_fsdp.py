@@ -77,7 +77,7 @@ def two(corpus):
         {"dir": out / "whole", "config": merge(cfg["gpt2"], FSDP)},
         {"dir": out / "parts", "config": merge(cfg["gpt2"], FSDP), "stops": [5]},
         {"dir": out / "llama", "config": merge(cfg["llama"], FSDP), "stops": [5], "snapshot": out / "llama-at-5"},
-        {"dir": out / "llama-bf16", "config": merge(cfg["llama"], {"train": {"parallel": "fsdp", "precision": "bf16"}})},
+        {"dir": out / "llama-bf16", "config": merge(merge(cfg["llama"], FSDP), {"train": {"precision": "bf16"}})},
         {"dir": out / "resnet", "config": merge(cfg["resnet"], FSDP)},
         {"dir": out / "mlp", "config": merge(cfg["mlp"], FSDP)},
     ]
@@ -221,5 +221,7 @@ def test_parallel_none_refuses_several_processes(monkeypatch):
 
 
 def test_fsdp_refuses_what_needs_whole_weights():
-    with pytest.raises(ConfigError, match="fsdp cannot yet measure logging.diagnostics_every"):
+    with pytest.raises(ConfigError, match="fsdp does not run logging.diagnostics_every"):
         build_config(tiny(train={"parallel": "fsdp"}, logging={"diagnostics_every": 5}))
+    with pytest.raises(ConfigError, match="fsdp does not run optim.name=adaptive-gd"):
+        build_config(tiny(train={"parallel": "fsdp"}, optim={"name": "adaptive-gd", "lr": 1.0}))

@@ -282,11 +282,12 @@ class RunConfig(_Section):
             raise ValueError("train: give the run's length, train.steps or train.epochs")
         if self.train.parallel == "fsdp":
             unsupported = [k for k, on in (("logging.diagnostics_every", self.logging.diagnostics_every),
-                                           ("optim.step_rule=depth_paper", self.optim.step_rule != "lr"))
+                                           ("optim.step_rule=depth_paper", self.optim.step_rule != "lr"),
+                                           ("optim.name=adaptive-gd", self.optim.name == "adaptive-gd"))
                            if on]
             if unsupported:
-                raise ValueError(f"train.parallel=fsdp cannot yet measure {' or '.join(unsupported)} (they need "
-                                 "whole weights and a probe batch on every process): use parallel=ddp")
+                raise ValueError(f"train.parallel=fsdp does not run {' or '.join(unsupported)} yet (they measure "
+                                 "whole weights or the loss inside the step): use parallel=ddp")
         return self
 
     def to_dict(self) -> dict:
