@@ -14,7 +14,7 @@ BatchNorm statistic moves and ``.grad`` is left alone (a test checks the traject
   Frobenius norm of all its weights (the convergence paper's ``||W_t||``). Plot with
   ``moga smoothness diagnostics RUN_DIR`` (:func:`moga.experiments.smoothness.plots.plot_diagnostics`).
 - ``optim.step_rule = "depth_paper"``: ``lr_t = min(schedule lr, ||G_t||_block,* / L_t)`` with ``G_t`` the
-  step's gradient (GEOMETRY.md, "Measuring": ``eta* = ||grad||_* / L``): the schedule's lr (``optim.lr``
+  step's gradient (docs/math.md §5.5: ``eta* = ||grad||_* / L``): the schedule's lr (``optim.lr``
   times its factor) is a cap. ``L_t`` is ``optim.smoothness`` when it is a number, else a running estimate of
   the block trajectory smoothness, measured every ``optim.smoothness_every`` steps: ``"max"``, the largest
   seen, or ``"ema"``, an exponential average (beta 0.9). Before the first step it is the smoothness along the
