@@ -29,7 +29,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from moga.layout import Layout
 
 
-
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a ``DTensor`` (an alias: in-place updates reach the parameter), else ``t``."""
     return t.to_local() if isinstance(t, DTensor) else t
@@ -133,24 +132,26 @@ def reducer(p: torch.Tensor, geometry, layout: Layout | None):
     return reduce
 
 
-def combine_flags(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
-    """AND per-tensor 0/1 flags over every rank that holds a shard of these DTensors, so that every rank
-    takes the same skip decision: one all-reduce of a single int32 per mesh dim, and a second of the whole
-    vector only when some flag is off (to name the tensors). Plain tensors: unchanged."""
+def all_ranks(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
+    """AND of boolean ``flags`` over every rank that holds a shard of these DTensors (an all-reduce MIN
+    per mesh dim of size > 1, on the device: no host sync). Plain tensors: ``flags`` unchanged."""
     mesh = next((p.device_mesh for p in params if isinstance(p, DTensor)), None)
     if mesh is None:
         return flags
+    t = flags.to(device=mesh.device_type, dtype=torch.int32)  # NCCL reduces device tensors only
+    for m in range(mesh.ndim):
+        if mesh.size(m) > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=mesh.get_group(m))
+    return t.to(flags.device).bool()
 
-    def all_min(t: torch.Tensor) -> torch.Tensor:
-        t = t.to(mesh.device_type)  # NCCL reduces device tensors only
-        for m in range(mesh.ndim):
-            if mesh.size(m) > 1:
-                dist.all_reduce(t, op=dist.ReduceOp.MIN, group=mesh.get_group(m))
-        return t.to(flags.device)
 
-    if bool(all_min(flags.all().to(torch.int32).reshape(1))):
+def combine_flags(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
+    """Per-tensor finite flags ANDed over the ranks, so that every rank takes the same skip decision: one
+    all-reduce of a single int32, and a second of the whole vector only when some flag is off (to name the
+    tensors)."""
+    if bool(all_ranks(params, flags.all().reshape(1))):
         return flags
-    return all_min(flags.to(torch.int32)).bool()
+    return all_ranks(params, flags)
 
 
 # --- whole-matrix geometries: split the work among ranks -------------------------------------------------
