@@ -133,14 +133,19 @@ def reducer(p: torch.Tensor, geometry, layout: Layout | None):
 
 
 def all_ranks(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
-    """AND of boolean ``flags`` over every rank that holds a shard of these DTensors (an all-reduce MIN
-    per mesh dim of size > 1, on the device: no host sync). Plain tensors: ``flags`` unchanged."""
-    mesh = next((p.device_mesh for p in params if isinstance(p, DTensor)), None)
-    if mesh is None:
+    """AND of boolean ``flags`` over the ranks that hold different shards of these DTensors: an all-reduce MIN
+    per mesh dim that shards one of them, on the device (no host sync). Along a ``Replicate()`` mesh dim (the
+    replicas of HSDP, DDP) the gradients are equal, so the flags already agree there."""
+    meshes: dict[int, tuple] = {}
+    for p in params:
+        for mesh_dims in sharded_dims(p).values():
+            meshes.setdefault(id(p.device_mesh), (p.device_mesh, set()))[1].update(mesh_dims)
+    if not meshes:
         return flags
-    t = flags.to(device=mesh.device_type, dtype=torch.int32)  # NCCL reduces device tensors only
-    for m in range(mesh.ndim):
-        if mesh.size(m) > 1:
+    t = None
+    for mesh, mesh_dims in meshes.values():
+        t = flags.to(device=mesh.device_type, dtype=torch.int32) if t is None else t.to(mesh.device_type)
+        for m in sorted(mesh_dims):  # NCCL reduces device tensors only
             dist.all_reduce(t, op=dist.ReduceOp.MIN, group=mesh.get_group(m))
     return t.to(flags.device).bool()
 
