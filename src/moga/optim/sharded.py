@@ -136,14 +136,14 @@ def all_ranks(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
     """AND of boolean ``flags`` over the ranks that hold different shards of these DTensors: an all-reduce MIN
     per mesh dim that shards one of them, on the device (no host sync). Along a ``Replicate()`` mesh dim (the
     replicas of HSDP, DDP) the gradients are equal, so the flags already agree there."""
-    meshes: dict[int, tuple] = {}
+    meshes: dict = {}  # equal meshes (each fully_shard call may build its own) count once
     for p in params:
         for mesh_dims in sharded_dims(p).values():
-            meshes.setdefault(id(p.device_mesh), (p.device_mesh, set()))[1].update(mesh_dims)
+            meshes.setdefault(p.device_mesh, set()).update(mesh_dims)
     if not meshes:
         return flags
     t = None
-    for mesh, mesh_dims in meshes.values():
+    for mesh, mesh_dims in meshes.items():
         t = flags.to(device=mesh.device_type, dtype=torch.int32) if t is None else t.to(mesh.device_type)
         for m in sorted(mesh_dims):  # NCCL reduces device tensors only
             dist.all_reduce(t, op=dist.ReduceOp.MIN, group=mesh.get_group(m))
@@ -224,7 +224,7 @@ def step_whole_sharded(jobs: list[WholeJob]) -> None:
             continue
         (dim, (mesh_dim,)), = shards.items()
         mesh = job.param.device_mesh
-        key = (id(mesh), mesh_dim, dim, job.direction.dtype)
+        key = (mesh, mesh_dim, dim, job.direction.dtype)  # equal meshes built by separate calls: one bucket
         buckets.setdefault(key, (mesh.get_group(mesh_dim), []))[1].append(job)
     for (_, _, dim, dtype), (group, bucket) in buckets.items():
         _exchange(bucket, group, dim, dtype)
