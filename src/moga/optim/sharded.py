@@ -93,11 +93,12 @@ def check_placements(name: str, p: torch.Tensor, geometry, layout: Layout | None
             f"{p.placements}")
 
 
-def check_grad(name: str, p: torch.Tensor) -> None:
-    """A DTensor parameter's gradient must be sharded like it: the step pairs their local shards."""
+def check_grad(name, p: torch.Tensor) -> None:
+    """A DTensor parameter's gradient must be sharded like it: the step pairs their local shards.
+    ``name()`` gives the parameter's name for the error."""
     if isinstance(p, DTensor) and (not isinstance(p.grad, DTensor) or p.grad.placements != p.placements):
         got = p.grad.placements if isinstance(p.grad, DTensor) else "a plain tensor"
-        raise ShardingError(f"{name}: parameter with placements {p.placements} has a gradient "
+        raise ShardingError(f"{name()}: parameter with placements {p.placements} has a gradient "
                             f"with placements {got}; redistribute the gradient like its parameter")
 
 
@@ -150,27 +151,19 @@ def all_ranks(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
     return t.to(flags.device).bool()
 
 
-def combine_flags(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
-    """Per-tensor finite flags ANDed over the ranks, so that every rank takes the same skip decision: one
-    all-reduce of a single int32, and a second of the whole vector only when some flag is off (to name the
-    tensors)."""
-    if bool(all_ranks(params, flags.all().reshape(1))):
-        return flags
-    return all_ranks(params, flags)
-
-
 # --- whole-matrix geometries: split the work among ranks -------------------------------------------------
 
 
 @dataclass
 class WholeJob:
-    """One parameter whose update needs the whole matrix: ``param += lr * lmo(direction)``."""
+    """One parameter whose update needs the whole matrix: ``target += lr * lmo(direction)``."""
 
-    param: torch.Tensor  # DTensor or plain
-    direction: torch.Tensor  # same kind as param
+    param: torch.Tensor  # DTensor or plain: its global shape and placements
+    target: torch.Tensor  # the local tensor the update goes to (the parameter's shard, or its master copy)
+    direction: torch.Tensor  # local, like target
     geometry: object
     layout: Layout
-    lr: float
+    lr: float | torch.Tensor  # a 0-d tensor when the step may be skipped on the device
 
     @property
     def cost(self) -> float:
@@ -220,7 +213,7 @@ def step_whole_sharded(jobs: list[WholeJob]) -> None:
     for job in jobs:
         shards = sharded_dims(job.param)
         if not shards:  # replicated on its mesh: every rank holds it whole
-            local(job.param).add_(_full_update(job, local(job.direction)))
+            job.target.add_(_full_update(job, job.direction))
             continue
         (dim, (mesh_dim,)), = shards.items()
         mesh = job.param.device_mesh
@@ -237,7 +230,7 @@ def _exchange(jobs: list[WholeJob], group, dim: int, dtype) -> None:
     numel = lambda s: math.prod(s)  # noqa: E731
     mine = [k for k in range(len(jobs)) if owner[k] == me]
     # 1. every rank sends its shard of matrix k to owner[k]
-    send = [local(jobs[k].direction).reshape(-1) for r in range(world) for k in range(len(jobs)) if owner[k] == r]
+    send = [jobs[k].direction.reshape(-1) for r in range(world) for k in range(len(jobs)) if owner[k] == r]
     in_splits = [sum(numel(shapes[k][me]) for k in range(len(jobs)) if owner[k] == r) for r in range(world)]
     out_splits = [sum(numel(shapes[k][s]) for k in mine) for s in range(world)]
     recv = _all_to_all(send, in_splits, out_splits, dtype, group)
@@ -258,7 +251,7 @@ def _exchange(jobs: list[WholeJob], group, dim: int, dtype) -> None:
         for k in range(len(jobs)):
             if owner[k] == r:
                 n = numel(shapes[k][me])
-                local(jobs[k].param).add_(back[offset: offset + n].view(shapes[k][me]))
+                jobs[k].target.add_(back[offset: offset + n].view(shapes[k][me]))
                 offset += n
 
 
@@ -299,7 +292,7 @@ def step_whole_replicated(jobs: list[WholeJob], group=None) -> None:
         offsets = [r * width for r in range(world)]
         for k, job in enumerate(bucket):
             n = job.param.numel()
-            job.param.add_(everything[offsets[owner[k]]: offsets[owner[k]] + n].view(job.param.shape))
+            job.target.add_(everything[offsets[owner[k]]: offsets[owner[k]] + n].view(job.param.shape))
             offsets[owner[k]] += n
 
 
