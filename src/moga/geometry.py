@@ -23,6 +23,7 @@ needs whole matrices.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -40,6 +41,28 @@ __all__ = [
 ]
 
 
+def zero_size_safe(method):
+    """A zero-size tensor has no direction (and no 0 ** -1/p): its norms and LMO are zero, its step a no-op."""
+
+    @functools.wraps(method)
+    def wrapper(self, t, *args, **kwargs):
+        if t.numel() == 0 or (method.__name__ == "apply_lmo_" and args[0].numel() == 0):
+            if method.__name__ == "lmo":
+                return torch.zeros_like(t)
+            return None if method.__name__ == "apply_lmo_" else t.new_zeros(())
+        return method(self, t, *args, **kwargs)
+
+    return wrapper
+
+
+class _ZeroSizeSafe(type):
+    def __new__(mcs, name, bases, ns):
+        for key in ("norm", "dual_norm", "lmo", "apply_lmo_"):
+            if key in ns:
+                ns[key] = zero_size_safe(ns[key])
+        return super().__new__(mcs, name, bases, ns)
+
+
 def check_exponent(name: str, p: float) -> float:
     p = float(p)
     if math.isnan(p) or p < 1:
@@ -47,7 +70,7 @@ def check_exponent(name: str, p: float) -> float:
     return p
 
 
-class Geometry:
+class Geometry(metaclass=_ZeroSizeSafe):
     """A norm on one parameter, with its dual norm and linear minimisation oracle.
 
     ``lmo(G)`` returns ``D* = argmin_{||D|| <= 1} <G, D>``, so ``<G, D*> = -dual_norm(G)`` and the

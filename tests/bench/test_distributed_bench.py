@@ -1,4 +1,5 @@
-"""`moga bench distributed`: the records and the communication targets, on small shapes (timings not asserted)."""
+"""`moga bench distributed`: the records and the communication targets, on small shapes (timings not asserted).
+Two blocks: each `fully_shard` call builds its own (equal) mesh, and the collectives must not multiply."""
 
 import json
 
@@ -9,7 +10,7 @@ from moga.cli import app
 
 
 def test_bytes_per_optimizer_meet_the_targets():
-    result = CliRunner().invoke(app, ["bench", "distributed", "--vocab", "64", "--width", "32", "--repeats", "1", "--json",
+    result = CliRunner().invoke(app, ["bench", "distributed", "--blocks", "2", "--vocab", "64", "--width", "32", "--repeats", "1", "--json",
                                       "--only", "torch-adamw", "--only", "moga-row-p2", "--only", "moga-col-q2",
                                       "--only", "moga-muon"])
     assert result.exit_code == 0, result.output

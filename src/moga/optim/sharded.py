@@ -29,7 +29,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from moga.layout import Layout
 
 
-
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a ``DTensor`` (an alias: in-place updates reach the parameter), else ``t``."""
     return t.to_local() if isinstance(t, DTensor) else t
@@ -94,11 +93,12 @@ def check_placements(name: str, p: torch.Tensor, geometry, layout: Layout | None
             f"{p.placements}")
 
 
-def check_grad(name: str, p: torch.Tensor) -> None:
-    """A DTensor parameter's gradient must be sharded like it: the step pairs their local shards."""
+def check_grad(name, p: torch.Tensor) -> None:
+    """A DTensor parameter's gradient must be sharded like it: the step pairs their local shards.
+    ``name()`` gives the parameter's name for the error."""
     if isinstance(p, DTensor) and (not isinstance(p.grad, DTensor) or p.grad.placements != p.placements):
         got = p.grad.placements if isinstance(p.grad, DTensor) else "a plain tensor"
-        raise ShardingError(f"{name}: parameter with placements {p.placements} has a gradient "
+        raise ShardingError(f"{name()}: parameter with placements {p.placements} has a gradient "
                             f"with placements {got}; redistribute the gradient like its parameter")
 
 
@@ -133,24 +133,22 @@ def reducer(p: torch.Tensor, geometry, layout: Layout | None):
     return reduce
 
 
-def combine_flags(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
-    """AND per-tensor 0/1 flags over every rank that holds a shard of these DTensors, so that every rank
-    takes the same skip decision: one all-reduce of a single int32 per mesh dim, and a second of the whole
-    vector only when some flag is off (to name the tensors). Plain tensors: unchanged."""
-    mesh = next((p.device_mesh for p in params if isinstance(p, DTensor)), None)
-    if mesh is None:
+def all_ranks(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
+    """AND of boolean ``flags`` over the ranks that hold different shards of these DTensors: an all-reduce MIN
+    per mesh dim that shards one of them, on the device (no host sync). Along a ``Replicate()`` mesh dim (the
+    replicas of HSDP, DDP) the gradients are equal, so the flags already agree there."""
+    meshes: dict = {}  # equal meshes (each fully_shard call may build its own) count once
+    for p in params:
+        for mesh_dims in sharded_dims(p).values():
+            meshes.setdefault(p.device_mesh, set()).update(mesh_dims)
+    if not meshes:
         return flags
-
-    def all_min(t: torch.Tensor) -> torch.Tensor:
-        t = t.to(mesh.device_type)  # NCCL reduces device tensors only
-        for m in range(mesh.ndim):
-            if mesh.size(m) > 1:
-                dist.all_reduce(t, op=dist.ReduceOp.MIN, group=mesh.get_group(m))
-        return t.to(flags.device)
-
-    if bool(all_min(flags.all().to(torch.int32).reshape(1))):
-        return flags
-    return all_min(flags.to(torch.int32)).bool()
+    t = None
+    for mesh, mesh_dims in meshes.items():
+        t = flags.to(device=mesh.device_type, dtype=torch.int32) if t is None else t.to(mesh.device_type)
+        for m in sorted(mesh_dims):  # NCCL reduces device tensors only
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=mesh.get_group(m))
+    return t.to(flags.device).bool()
 
 
 # --- whole-matrix geometries: split the work among ranks -------------------------------------------------
@@ -158,13 +156,14 @@ def combine_flags(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tens
 
 @dataclass
 class WholeJob:
-    """One parameter whose update needs the whole matrix: ``param += lr * lmo(direction)``."""
+    """One parameter whose update needs the whole matrix: ``target += lr * lmo(direction)``."""
 
-    param: torch.Tensor  # DTensor or plain
-    direction: torch.Tensor  # same kind as param
+    param: torch.Tensor  # DTensor or plain: its global shape and placements
+    target: torch.Tensor  # the local tensor the update goes to (the parameter's shard, or its master copy)
+    direction: torch.Tensor  # local, like target
     geometry: object
     layout: Layout
-    lr: float
+    lr: float | torch.Tensor  # a 0-d tensor when the step may be skipped on the device
 
     @property
     def cost(self) -> float:
@@ -214,11 +213,11 @@ def step_whole_sharded(jobs: list[WholeJob]) -> None:
     for job in jobs:
         shards = sharded_dims(job.param)
         if not shards:  # replicated on its mesh: every rank holds it whole
-            local(job.param).add_(_full_update(job, local(job.direction)))
+            job.target.add_(_full_update(job, job.direction))
             continue
         (dim, (mesh_dim,)), = shards.items()
         mesh = job.param.device_mesh
-        key = (id(mesh), mesh_dim, dim, job.direction.dtype)
+        key = (mesh, mesh_dim, dim, job.direction.dtype)  # equal meshes built by separate calls: one bucket
         buckets.setdefault(key, (mesh.get_group(mesh_dim), []))[1].append(job)
     for (_, _, dim, dtype), (group, bucket) in buckets.items():
         _exchange(bucket, group, dim, dtype)
@@ -231,7 +230,7 @@ def _exchange(jobs: list[WholeJob], group, dim: int, dtype) -> None:
     numel = lambda s: math.prod(s)  # noqa: E731
     mine = [k for k in range(len(jobs)) if owner[k] == me]
     # 1. every rank sends its shard of matrix k to owner[k]
-    send = [local(jobs[k].direction).reshape(-1) for r in range(world) for k in range(len(jobs)) if owner[k] == r]
+    send = [jobs[k].direction.reshape(-1) for r in range(world) for k in range(len(jobs)) if owner[k] == r]
     in_splits = [sum(numel(shapes[k][me]) for k in range(len(jobs)) if owner[k] == r) for r in range(world)]
     out_splits = [sum(numel(shapes[k][s]) for k in mine) for s in range(world)]
     recv = _all_to_all(send, in_splits, out_splits, dtype, group)
@@ -252,7 +251,7 @@ def _exchange(jobs: list[WholeJob], group, dim: int, dtype) -> None:
         for k in range(len(jobs)):
             if owner[k] == r:
                 n = numel(shapes[k][me])
-                local(jobs[k].param).add_(back[offset: offset + n].view(shapes[k][me]))
+                jobs[k].target.add_(back[offset: offset + n].view(shapes[k][me]))
                 offset += n
 
 
@@ -293,7 +292,7 @@ def step_whole_replicated(jobs: list[WholeJob], group=None) -> None:
         offsets = [r * width for r in range(world)]
         for k, job in enumerate(bucket):
             n = job.param.numel()
-            job.param.add_(everything[offsets[owner[k]]: offsets[owner[k]] + n].view(job.param.shape))
+            job.target.add_(everything[offsets[owner[k]]: offsets[owner[k]] + n].view(job.param.shape))
             offsets[owner[k]] += n
 
 
