@@ -70,7 +70,8 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     if not SHAKESPEARE.is_file():
         pytest.skip("tiny Shakespeare is not here for the race miniature")
     result = reproduce(race, runs / "quick" / "race", "quick", workers=2, progress=False, data=str(SHAKESPEARE))
-    assert result["outcome"] in ("held", "failed")
+    # one rate each is no tuning: whoever is faster, the race cannot decide the claim
+    assert result["outcome"] == "undecided" and "not decided: moga, muon best lr on the grid's edge" in result["key"]
     assert "reaches loss" in result["key"] and len(result["details"]) == 2
     reach = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text())["reach"]
     assert set(reach) == {"moga", "muon"} and all(r["step"] <= 12 for r in reach.values())

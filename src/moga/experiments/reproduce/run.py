@@ -235,6 +235,10 @@ def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
                + f", final loss {best[n]['loss']:.4f}, reaches {target:.4f} at step "
                f"{reach[n]['step']} ({reach[n]['step'] * tokens_per_step} tokens, {reach[n]['time']:.1f} s)"
                for n in contenders]
+    untuned = [n for n in contenders if best[n]["lr"] in (grids[n][0], grids[n][-1])]
+    if untuned:  # a contender whose best rate is on its grid's edge may not be tuned: the race is not fair
+        outcome = "undecided"
+        key += f" (not decided: {', '.join(untuned)} best lr on the grid's edge)"
     figure = _plot_race(curves, tokens_per_step, target, out / "report" / "race.png")
     (out / "report" / "race.json").write_text(json.dumps({"best": best, "target": target, "reach": reach}, indent=1))
     return {"outcome": outcome, "key": key, "details": details, "figures": [str(figure)],
