@@ -206,7 +206,9 @@ class GeometryOptimizer(Optimizer):
         exp_avg_sqs = [self._buffer(p, "exp_avg_sq") for p in params]
         steps = [st.setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
                  for p, st in zip(params, states)]
-        torch._foreach_add_(steps, 1.0 if ok is None else ok.to(torch.float32))  # a skipped step is not counted
+        count = 1.0 if ok is None else ok.to(torch.float32)  # a skipped step is not counted
+        for step in steps:
+            step.add_(count)
         if _fused_adamw_applies(params, exp_avgs):
             self._fused_adam_step(plan, group, params, exp_avgs, exp_avg_sqs, steps, ok)
             return
