@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from moga.geometry import Embedding, Spectral
 from moga.optim.base import GeometryOptimizer
 from moga.roles import role_geometries
@@ -37,10 +39,13 @@ class Muon(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        state_dtype: torch.dtype | str = torch.float32,
+        master_weights: bool = False,
     ):
         spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
         self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
             geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            state_dtype=state_dtype, master_weights=master_weights,
         )
