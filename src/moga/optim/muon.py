@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from moga.geometry import Embedding, Spectral
 from moga.optim.base import GeometryOptimizer
 from moga.roles import role_geometries
@@ -43,6 +45,8 @@ class Muon(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        state_dtype: torch.dtype | str = torch.float32,
+        master_weights: bool = False,
         distributed: bool | None = None,
     ):
         spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
@@ -50,5 +54,5 @@ class Muon(GeometryOptimizer):
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
             geometries=geometries, overrides=overrides, nonfinite=nonfinite,
-            distributed=distributed,
+            state_dtype=state_dtype, master_weights=master_weights, distributed=distributed,
         )
