@@ -11,6 +11,7 @@ from torch import nn
 from moga.geometry import parse_geometry
 from moga.optim import MOGA, GeometryOptimizer, Muon, ScaledAdamW
 
+from .reference import ReferenceStep
 from .tinynet import TINY_OVERRIDES, TinyNet, tiny_loss
 
 FACTORIES = {
@@ -29,7 +30,7 @@ FACTORIES = {
 
 def train(model, opt, steps, first_seed=0):
     for s in range(steps):
-        opt.zero_grad()
+        model.zero_grad()
         tiny_loss(model, first_seed + s).backward()
         opt.step()
 
@@ -41,7 +42,7 @@ def test_fast_path_equals_reference_path(name):
     ref_model = TinyNet()
     ref_model.load_state_dict(fast_model.state_dict())
     fast = FACTORIES[name](fast_model)
-    ref = FACTORIES[name](ref_model, foreach=False)
+    ref = ReferenceStep(FACTORIES[name](ref_model).param_groups)
     train(fast_model, fast, 5)
     train(ref_model, ref, 5)
     for a, b in zip(fast_model.parameters(), ref_model.parameters()):
@@ -174,7 +175,7 @@ def test_schedulers_drive_the_step_size(tiny):
         (lambda m: MOGA(m, betas=(0.9, 1.0)), "betas"),
         (lambda m: MOGA(m, eps=0.0), "eps"),
         (lambda m: MOGA(m, vectors="lion"), "vectors must be one of"),
-        (lambda m: MOGA(m, nonfinite="ignore"), "nonfinite must be one of"),
+        (lambda m: MOGA(m, nonfinite="panic"), "nonfinite must be one of"),
         (lambda m: MOGA(m, geometries={"hiden": "row(p=2)"}), "unknown role"),
         (lambda m: MOGA(m, geometries={"hidden": "spectral(scale=wide)"}), "scale must be"),
         (lambda m: MOGA(list(m.parameters())), "no geometry"),
@@ -198,8 +199,7 @@ def test_nonfinite_gradients_skip_the_step_and_touch_nothing(name, tiny):
     tiny_loss(tiny).backward()
     tiny.hidden.weight.grad[0, 0] = float("nan")
     tiny.embed.weight.grad[1, 1] = float("inf")
-    with pytest.warns(RuntimeWarning, match="non-finite gradient in 2 tensor"):
-        opt.step()
+    opt.step()  # decided on the device: no warning, which would need a host sync
     assert opt.skipped_steps == 1
     for a, b in zip(tiny.parameters(), params):
         assert torch.equal(a, b)

@@ -159,3 +159,17 @@ def test_no_import_refuses_factories_outside_moga(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="refused"):
         model_kwargs(cfg)
     assert model_kwargs(build_config(tiny(model={"name": "moga.models:ResidualMLP"})))  # moga's own: allowed
+
+
+def test_a_saved_config_builds_the_same_task(tmp_path):
+    """config.yaml lists every key (unset ones as null); reloading it must not pass those to the loader."""
+    from moga.train import load_config
+    from moga.train.config import dump_yaml
+    from moga.train.tasks import build_task
+
+    cfg = load_config(None, ["data.name=digits", "model.name=residual_mlp", "train.steps=1"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_yaml(cfg))
+    again = load_config(saved)
+    assert again.to_dict() == cfg.to_dict()
+    assert len(build_task(again).data.train) == len(build_task(cfg).data.train)

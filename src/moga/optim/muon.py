@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+
+from moga.geometry import Embedding, Spectral
 from moga.optim.base import GeometryOptimizer
 from moga.roles import role_geometries
 from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS
@@ -14,6 +17,12 @@ class Muon(GeometryOptimizer):
     torch.optim.Muon's ``sqrt(max(1, fan_out/fan_in))``, with which this matches torch.optim.Muon step for
     step (given ``ns_dtype="bfloat16"``, the dtype torch uses). ``ns_dtype="auto"`` is float32 on CPUs.
     Embeddings and vectors get MOGA's geometries, so Muon and MOGA differ only on the matrices.
+
+    Sharded (FSDP2) matrices are split among the ranks of their shard group: each rank gathers and
+    orthogonalizes its share and sends the slices back. Plain matrices are split the same way when
+    ``distributed`` is on (``None``: when torch.distributed is initialized with world size > 1), and one
+    all-gather shares the results: that assumes they are replicated, as under DDP. Pass
+    ``distributed=False`` when ranks train different models.
     """
 
     def __init__(
@@ -36,14 +45,14 @@ class Muon(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
-        foreach: bool = True,
+        state_dtype: torch.dtype | str = torch.float32,
+        master_weights: bool = False,
+        distributed: bool | None = None,
     ):
-        spectral = (
-            f"spectral(method={method}, steps={int(ns_steps)}, coefficients={tuple(float(c) for c in ns_coefficients)}, "
-            f"dtype={ns_dtype}, scale={scale})"
-        )
-        self.role_geometries = role_geometries(spectral, f"embedding(q={embedding_q})", vectors)
+        spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
+        self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite, foreach=foreach,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            state_dtype=state_dtype, master_weights=master_weights, distributed=distributed,
         )
