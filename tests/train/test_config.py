@@ -147,7 +147,7 @@ def test_run_names_are_single_path_components(name):
 def test_no_import_refuses_factories_outside_moga(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MOGA_NO_IMPORT", raising=False)
+    monkeypatch.setenv("MOGA_NO_IMPORT", "")  # off; and undone after the test, as --no-import sets it
     cfg = build_config({**tiny(), "model": {"name": "torch.nn:Linear", "in_features": 64, "out_features": 10}})
     assert model_kwargs(cfg)  # allowed by default
     help_text = CliRunner().invoke(_app(), ["train", "--help"], terminal_width=200).output

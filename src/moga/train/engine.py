@@ -16,6 +16,7 @@ the running average the papers report as the training loss of the last epoch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
