@@ -1,0 +1,91 @@
+"""Fused optimizer steps: one pass per row for the row, col, sign and embedding geometries.
+
+``kernel="cpp"`` runs the C++ kernel (``lmo_step.cpp``, JIT-built on first use) on CPU tensors and a
+``torch.compile``'d step on CUDA tensors; ``"torch"`` the plain path of :mod:`moga.geometry`; ``"auto"``
+the fused kernel where it can be had, else the plain path with a one-line warning. ``reference.py``
+is the same step in plain torch, tested equal to both.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from moga.geometry import Col, Geometry, Row, Sign, dual_exponent
+from moga.layout import Layout
+
+KERNELS = ("auto", "cpp", "torch")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+_unavailable: dict[str, str] = {}  # device type -> why the fused kernel cannot run there
+
+
+def check_kernel(kernel: str) -> str:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return kernel
+
+
+def _why_unavailable(device_type: str) -> str | None:
+    if device_type not in _unavailable:
+        try:
+            if device_type == "cpu":
+                from moga.kernels.build import load_extension
+
+                load_extension()
+            elif device_type == "cuda":
+                import triton  # noqa: F401  (torch.compile's CUDA backend)
+            else:
+                raise RuntimeError(f"no fused kernel for {device_type} tensors")
+            _unavailable[device_type] = ""
+        except Exception as e:  # no compiler, a failed build, no triton: all mean "use the plain path"
+            _unavailable[device_type] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return _unavailable[device_type] or None
+
+
+def fused_available(kernel: str, device: torch.device) -> bool:
+    """Whether the fused kernel runs for tensors on ``device`` under ``kernel``. ``"cpp"`` raises when it
+    cannot; ``"auto"`` warns once per device type and returns False."""
+    if kernel == "torch":
+        return False
+    why = _why_unavailable(device.type)
+    if why is None:
+        return True
+    if kernel == "cpp":
+        raise RuntimeError(f"kernel='cpp': the fused kernel is not available for {device.type} tensors ({why})")
+    if device.type in ("cpu", "cuda") and not getattr(fused_available, f"_warned_{device.type}", False):
+        setattr(fused_available, f"_warned_{device.type}", True)
+        warnings.warn(f"moga: fused {device.type} kernel unavailable ({why}); using the plain torch path", RuntimeWarning,
+                      stacklevel=3)
+    return False
+
+
+def plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> tuple[tuple[int, int, int], float, float] | None:
+    """``((B, K, N), p, factor)`` such that the geometry's LMO is ``-factor * phi_p`` along K of the
+    tensor's (B, K, N) view; None when the kernel does not cover it (spectral, vector, p = inf, or
+    normalized axes that are not adjacent)."""
+    if isinstance(geometry, Sign):
+        p, factor, dims = 1.0, 1 / layout.fan_in(shape), None
+    elif isinstance(geometry, Row):
+        p, factor, dims = geometry.p, layout.fan_in(shape) ** (-1 / geometry.p), layout.in_dims
+    elif isinstance(geometry, Col):  # also Embedding, which only changes the factor
+        p, factor, dims = dual_exponent(geometry.q), geometry._scale(shape, layout), layout.out_dims
+    else:
+        return None
+    if p == math.inf:
+        return None
+    if p == 1 or math.prod(shape) == 0:  # elementwise: any rows will do
+        last = shape[-1] if len(shape) else 1
+        return (math.prod(shape) // max(last, 1), last, 1), 1.0 if p == 1 else p, factor
+    if list(dims) != list(range(dims[0], dims[-1] + 1)):
+        return None
+    return (math.prod(shape[: dims[0]]), math.prod(shape[dims[0]: dims[-1] + 1]), math.prod(shape[dims[-1] + 1:])), p, factor
+
+
+def fits(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None) -> bool:
+    """The kernel's tensor requirements: one dtype it knows, dense, contiguous, one device."""
+    tensors = (param, grad) if buf is None else (param, grad, buf)
+    return (param.dtype in DTYPES and all(t.dtype == param.dtype and t.device == param.device for t in tensors)
+            and all(t.layout == torch.strided and t.is_contiguous() for t in tensors))
