@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <atomic>
 #include <optional>
@@ -82,16 +83,19 @@ inline T direction_again(const T* g, const T* m, int64_t i, const Config& cfg) {
   return cfg.nesterov ? lerp(g[i], m[i], T(cfg.beta)) : m[i];
 }
 
-// t = sign(d)|d|^(p-1) for the fast kinds; accumulates |d|^p into s.
+// t = sign(d)|d|^(p-1); accumulates |d|^p into s. p = 1.5, 2, 2.5 avoid pow (Sleef's, ~10x slower).
 template <typename T, Kind K>
-inline Vectorized<T> powered(const Vectorized<T>& d, Vectorized<T>& s) {
+inline Vectorized<T> powered(const Vectorized<T>& d, Vectorized<T>& s, const Vectorized<T>& p_minus_1) {
   using V = Vectorized<T>;
   if constexpr (K == Kind::P2) {
     s = at::vec::fmadd(d, d, s);
     return d;
   } else {
     V a = d.abs();
-    V u = (K == Kind::P15) ? a.sqrt() : a * a.sqrt();  // |d|^0.5 or |d|^1.5
+    V u;
+    if constexpr (K == Kind::P15) u = a.sqrt();
+    else if constexpr (K == Kind::P25) u = a * a.sqrt();
+    else u = a.pow(p_minus_1);
     s = at::vec::fmadd(a, u, s);
     return with_sign_of(u, d);
   }
@@ -187,27 +191,15 @@ void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
     return;
   } else {
     T* t = scratch<T>(n);
+    const V e = V(T(cfg.p - 1));
     V s(T(0)), peak(T(0));
     for (int64_t i = 0; i < n; i += L) {
       const int64_t cnt = std::min(L, n - i);
       V d = direction(g + i, m ? m + i : nullptr, cnt, cfg);
       peak = at::vec::maximum(peak, d.abs());
-      if constexpr (K == Kind::Generic) {
-        d.store(t + i, cnt);
-      } else {
-        powered<T, K>(d, s).store(t + i, cnt);
-      }
+      powered<T, K>(d, s, e).store(t + i, cnt);
     }
-    double total = horizontal_sum(s);
-    if constexpr (K == Kind::Generic) {
-      total = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        T a = std::abs(t[i]);
-        T u = std::pow(a, T(cfg.p - 1));
-        total += double(a) * double(u);
-        t[i] = std::copysign(u, t[i]);
-      }
-    }
+    const double total = horizontal_sum(s);
     const double a = horizontal_max(peak);
     if (a == 0) {  // a zero row: only the decay
       for (int64_t i = 0; i < n; i += L) {
@@ -229,70 +221,6 @@ void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
   }
 }
 
-// ---- column mode: a block of `cols` columns, rows `stride` apart --------------------------------
-
-template <typename T, Kind K>
-void col_step(const T* g, T* m, T* w, int64_t rows, int64_t cols, int64_t stride, const Config& cfg, double c) {
-  using V = Vectorized<T>;
-  constexpr int64_t L = V::size();
-  const V decay(T(cfg.decay));
-  if constexpr (K == Kind::Sign) {
-    for (int64_t k = 0; k < rows; ++k) row_step<T, K>(g + k * stride, m ? m + k * stride : nullptr, w + k * stride, cols, cfg, c);
-    return;
-  } else {
-    const int64_t vecs = (cols + L - 1) / L, width = vecs * L;
-    T* t = scratch<T>(rows * width);
-    std::vector<V> s(vecs, V(T(0))), peak(vecs, V(T(0)));
-    for (int64_t k = 0; k < rows; ++k) {
-      for (int64_t v = 0; v < vecs; ++v) {
-        const int64_t j = v * L, cnt = std::min(L, cols - j);
-        V d = direction(g + k * stride + j, m ? m + k * stride + j : nullptr, cnt, cfg);
-        peak[v] = at::vec::maximum(peak[v], d.abs());
-        if constexpr (K == Kind::Generic) {
-          d.store(t + k * width + j);
-        } else {
-          powered<T, K>(d, s[v]).store(t + k * width + j);
-        }
-      }
-    }
-    std::vector<T> total(width), top(width), f(width);
-    for (int64_t v = 0; v < vecs; ++v) {
-      s[v].store(total.data() + v * L);
-      peak[v].store(top.data() + v * L);
-    }
-    if constexpr (K == Kind::Generic) {
-      std::vector<double> acc(cols, 0.0);
-      for (int64_t k = 0; k < rows; ++k) {
-        T* tk = t + k * width;
-        for (int64_t j = 0; j < cols; ++j) {
-          T a = std::abs(tk[j]);
-          T u = std::pow(a, T(cfg.p - 1));
-          acc[j] += double(a) * double(u);
-          tk[j] = std::copysign(u, tk[j]);
-        }
-      }
-      for (int64_t j = 0; j < cols; ++j) total[j] = T(acc[j]);
-    }
-    bool exact = false;
-    for (int64_t j = 0; j < cols; ++j) {
-      if (top[j] != 0 && !in_range<T>(total[j], top[j], cfg.p)) exact = true;
-      f[j] = top[j] == 0 ? T(0) : T(factor(total[j], cfg.p, c, K));
-    }
-    if (exact) {  // rare: the whole block in double, each column divided by its maximum
-      redo_direction(g, m, rows, cols, stride, t, width, cfg);
-      for (int64_t j = 0; j < cols; ++j) exact_update(t + j, w + j, rows, width, stride, cfg, c);
-      return;
-    }
-    for (int64_t k = 0; k < rows; ++k) {
-      for (int64_t v = 0; v < vecs; ++v) {
-        const int64_t j = v * L, cnt = std::min(L, cols - j);
-        T* wk = w + k * stride + j;
-        at::vec::fmadd(V::loadu(f.data() + j), V::loadu(t + k * width + j), V::loadu(wk, cnt) * decay).store(wk, cnt);
-      }
-    }
-  }
-}
-
 // ---- dispatch ------------------------------------------------------------------------------------
 
 Kind kind_of(double p) {
@@ -303,10 +231,131 @@ Kind kind_of(double p) {
   return Kind::Generic;
 }
 
-// Columns per block: a K x width tile of scratch of about 128 KiB, whole cache lines, 16..256.
-int64_t block_width(int64_t rows, int64_t elem_size) {
-  int64_t w = (128 * 1024) / std::max<int64_t>(1, rows * elem_size);
-  return std::clamp<int64_t>(w / 16 * 16, 16, 256);
+// ---- column mode ---------------------------------------------------------------------------------
+// Columns of a row-major (R, N) slice are normalized with two row-major sweeps, so that every access is
+// sequential: sweep A updates m and sums |d|^p per column, sweep B recomputes d from g and the new m and
+// updates W (7 streams, like fused AdamW; a column-blocked single pass with its strided rows measured
+// ~3x slower). Rows are split into fixed chunks with their own partial sums, added in a fixed order,
+// so the result does not depend on the number of threads.
+
+constexpr int64_t kChunkRows = 32;
+
+// A row of storage S as T: the row itself when S == T, else a converted thread-local copy.
+template <typename S, typename T>
+struct RowIn {
+  const T* ptr;
+  RowIn(const S* src, int64_t n, int slot) {
+    if constexpr (std::is_same_v<S, T>) {
+      ptr = src;
+    } else {
+      thread_local std::vector<T> buffers[3];
+      auto& buf = buffers[slot];
+      if (int64_t(buf.size()) < n) buf.resize(n);
+      for (int64_t i = 0; i < n; ++i) buf[i] = T(src[i]);
+      ptr = buf.data();
+    }
+  }
+};
+
+template <typename S, typename T>
+void store_row(const T* src, S* dst, int64_t n) {
+  if constexpr (!std::is_same_v<S, T>)
+    for (int64_t i = 0; i < n; ++i) dst[i] = S(src[i]);
+}
+
+// d without touching m (already updated by sweep A).
+template <typename T>
+inline Vectorized<T> direction_peek(const T* g, const T* m, int64_t count, const Config& cfg) {
+  using V = Vectorized<T>;
+  V gv = V::loadu(g, count);
+  if (m == nullptr) return gv;
+  V mv = V::loadu(m, count);
+  return cfg.nesterov ? lerp(gv, mv, T(cfg.beta)) : mv;
+}
+
+template <typename S, typename T, Kind K>
+void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, const Config& cfg, double c) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const int64_t chunks = (R + kChunkRows - 1) / kChunkRows, width = (N + L - 1) / L * L;
+  std::vector<T> sums(B * chunks * width), tops(B * chunks * width), f(B * width);
+  std::vector<char> exact(B, 0);
+  const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
+  at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
+      T* s = sums.data() + item * width;
+      T* top = tops.data() + item * width;
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t off = (b * R + k) * N;
+        RowIn<S, T> gr(g + off, N, 0);
+        RowIn<S, T> mr(m ? m + off : g + off, N, 1);
+        T* mk = m ? const_cast<T*>(mr.ptr) : nullptr;
+        for (int64_t j = 0; j < N; j += L) {
+          const int64_t cnt = std::min(L, N - j);
+          V d = direction(gr.ptr + j, mk ? mk + j : nullptr, cnt, cfg);
+          at::vec::maximum(V::loadu(top + j), d.abs()).store(top + j);
+          V sv = V::loadu(s + j);
+          powered<T, K>(d, sv, e);
+          sv.store(s + j);
+        }
+        if (m) store_row<S, T>(mk, m + off, N);
+      }
+    }
+  });
+  for (int64_t b = 0; b < B; ++b) {  // the chunks' partial sums, in order
+    for (int64_t ch = 1; ch < chunks; ++ch) {
+      T* s0 = sums.data() + b * chunks * width;
+      T* t0 = tops.data() + b * chunks * width;
+      const T* s1 = s0 + ch * width;
+      const T* t1 = t0 + ch * width;
+      for (int64_t j = 0; j < width; j += L) {
+        (V::loadu(s0 + j) + V::loadu(s1 + j)).store(s0 + j);
+        at::vec::maximum(V::loadu(t0 + j), V::loadu(t1 + j)).store(t0 + j);
+      }
+    }
+    const T* s = sums.data() + b * chunks * width;
+    const T* top = tops.data() + b * chunks * width;
+    for (int64_t j = 0; j < N; ++j) {
+      if (top[j] != 0 && !in_range<T>(s[j], top[j], cfg.p)) exact[b] = 1;
+      f[b * width + j] = top[j] == 0 ? T(0) : T(factor(s[j], cfg.p, c, K));
+    }
+  }
+  at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
+      if (exact[b]) continue;
+      const T* fb = f.data() + b * width;
+      V unused(T(0));
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t off = (b * R + k) * N;
+        RowIn<S, T> gr(g + off, N, 0);
+        RowIn<S, T> mr(m ? m + off : g + off, N, 1);
+        RowIn<S, T> wr(w + off, N, 2);
+        T* wk = const_cast<T*>(wr.ptr);
+        for (int64_t j = 0; j < N; j += L) {
+          const int64_t cnt = std::min(L, N - j);
+          V t = powered<T, K>(direction_peek(gr.ptr + j, m ? mr.ptr + j : nullptr, cnt, cfg), unused, e);
+          at::vec::fmadd(V::loadu(fb + j), t, V::loadu(wk + j, cnt) * decay).store(wk + j, cnt);
+        }
+        store_row<S, T>(wk, w + off, N);
+      }
+    }
+  });
+  for (int64_t b = 0; b < B; ++b) {  // rare: slices with a column to redo in double
+    if (!exact[b]) continue;
+    std::vector<T> d(R), wcol(R);
+    for (int64_t j = 0; j < N; ++j) {
+      for (int64_t k = 0; k < R; ++k) {
+        const int64_t at = (b * R + k) * N + j;
+        const T gk = T(g[at]), mk = m ? T(m[at]) : T(0);
+        d[k] = m == nullptr ? gk : (cfg.nesterov ? lerp(gk, mk, T(cfg.beta)) : mk);
+        wcol[k] = T(w[at]);
+      }
+      exact_update(d.data(), wcol.data(), R, 1, 1, cfg, c);
+      for (int64_t k = 0; k < R; ++k) w[(b * R + k) * N + j] = S(wcol[k]);
+    }
+  }
 }
 
 // Storage S, math in T: float and double work in place; bfloat16 goes through float copies.
@@ -334,30 +383,7 @@ void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tens
     });
     return;
   }
-  const int64_t width = block_width(R, sizeof(T)), blocks = (N + width - 1) / width;
-  at::parallel_for(0, B * blocks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t item = lo; item < hi; ++item) {
-      const int64_t b = item / blocks, j0 = (item % blocks) * width, cols = std::min(width, N - j0);
-      const int64_t off = b * R * N + j0;
-      if constexpr (std::is_same_v<S, T>) {
-        col_step<T, K>(g + off, m ? m + off : nullptr, w + off, R, cols, N, cfg, c);
-      } else {
-        thread_local std::vector<T> gf, mf, wf;
-        gf.resize(R * cols); mf.resize(R * cols); wf.resize(R * cols);
-        for (int64_t k = 0; k < R; ++k)
-          for (int64_t j = 0; j < cols; ++j) {
-            const int64_t at = off + k * N + j, here = k * cols + j;
-            gf[here] = T(g[at]); wf[here] = T(w[at]); if (m) mf[here] = T(m[at]);
-          }
-        col_step<T, K>(gf.data(), m ? mf.data() : nullptr, wf.data(), R, cols, cols, cfg, c);
-        for (int64_t k = 0; k < R; ++k)
-          for (int64_t j = 0; j < cols; ++j) {
-            const int64_t at = off + k * N + j, here = k * cols + j;
-            w[at] = S(wf[here]); if (m) m[at] = S(mf[here]);
-          }
-      }
-    }
-  });
+  col_tensor_step<S, T, K>(g, m, w, B, R, N, cfg, c);
 }
 
 template <typename S, typename T>
