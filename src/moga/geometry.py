@@ -5,8 +5,19 @@ Every geometry works on the logical fan_out x fan_in matrix of a stored tensor, 
 matrices needs no special case. Batch axes hold independent matrices: their norm is the max over the
 stack and the dual norm the sum, as for the block norm (GEOMETRY.md, last note of the table).
 
-All reductions for row, col, sign and embedding geometries stay inside one row or one column, so a
-row-sharded matrix can be row-normalized without communication.
+Each geometry has ``lmo(g)`` (the reference) and ``apply_lmo_(param, g, alpha)``, ``param += alpha *
+lmo(g)`` without the temporary, and both read as the table's formula; the numerics (powers, safe
+magnitudes, scratch memory) live in :mod:`moga.numerics`.
+
+Sharded tensors. ``reduced_dims(layout)`` names the tensor dims a geometry's step reduces over: row(p)
+reduces within a row (the fan_in dims), col(q) and embedding(q) within a column (fan_out dims), sign and
+vector over nothing, spectral over the whole matrix. A shard that splits none of those dims steps alone.
+When one is split, pass ``reduce(partial, op) -> Tensor`` (``op`` in ``{"sum", "max"}``) to ``lmo``,
+``apply_lmo_``, ``norm`` and ``dual_norm``: it combines each per-row or per-column partial result across
+the ranks holding the rest of that axis (an all-reduce of a vector, never of the matrix). ``norm`` and
+``dual_norm`` then return this rank's part of the outer max or sum over rows (columns), which the caller
+combines. ``reduce=None`` (the default) means the axis is whole here. Spectral takes no ``reduce``: it
+needs whole matrices.
 """
 
 from __future__ import annotations
@@ -18,20 +29,15 @@ from functools import lru_cache
 
 import torch
 
-from moga.layout import Layout, resolve_layout
-from moga.workspace import Workspace, scratch
+from moga.layout import LINEAR, Layout, as_layout, resolve_layout
+from moga.numerics import INF, Reduce, add_phi_, dual_exponent, lp_norm, phi
 from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS, NS_EPS, orthogonalize
+from moga.workspace import Workspace, scratch
 
-INF = math.inf
-
-
-def dual_exponent(p: float) -> float:
-    """p* with 1/p + 1/p* = 1."""
-    if p == 1:
-        return INF
-    if p == INF:
-        return 1.0
-    return p / (p - 1)
+__all__ = [
+    "INF", "Col", "Embedding", "Geometry", "Row", "Sign", "Spectral", "Vector", "dual_exponent",
+    "parse_geometry", "phi",
+]
 
 
 def check_exponent(name: str, p: float) -> float:
@@ -39,109 +45,6 @@ def check_exponent(name: str, p: float) -> float:
     if math.isnan(p) or p < 1:
         raise ValueError(f"{name} must be a real number >= 1 (or inf), got {p}")
     return p
-
-
-def _safe_reciprocal(x: torch.Tensor) -> torch.Tensor:
-    # A zero row/column has no direction: its LMO is zero, never NaN.
-    return torch.where(x > 0, x.reciprocal(), torch.zeros_like(x))
-
-
-def _abs_pow(a: torch.Tensor, e: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """a**e for a >= 0; the papers' exponents (p = 1.5, 2.5, 3) avoid pow, which is ~10x slower on CPUs."""
-    if e == 0.5:
-        return torch.sqrt(a, out=out)
-    if e == 1.5:
-        return torch.sqrt(a, out=out).mul_(a)
-    if e == 2:
-        return torch.mul(a, a, out=out)
-    return torch.pow(a, e, out=out)
-
-
-def _powered(
-    g: torch.Tensor, p: float, dims: tuple[int, ...], workspace: Workspace | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(|g|^(p-1), ||g||_p^p along dims), for 1 < p < inf.
-
-    Both come from one power of |g|. Where the sums under- or overflow (a float32 row of 1e-30s has
-    |g|^2 = 0), ``g`` is divided by its row maximum first: callers use the pair only through the
-    scale-invariant phi_p, or scale ``g`` themselves (``lp_norm``).
-    """
-    a = torch.abs(g, out=scratch(workspace, g, 0))
-    u = _abs_pow(a, p - 1, out=scratch(workspace, g, 1))
-    total = a.mul_(u).sum(dim=dims, keepdim=True)
-    if g.is_floating_point():
-        info = torch.finfo(g.dtype)
-        if not bool(((total > info.tiny * 1e4) & (total < info.max * 1e-4)).all()):
-            a = g.abs()
-            a.mul_(_safe_reciprocal(torch.amax(a, dim=dims, keepdim=True)))
-            u = _abs_pow(a, p - 1)
-            total = (a * u).sum(dim=dims, keepdim=True)
-    return u, total
-
-
-def lp_norm(x: torch.Tensor, p: float, dims: tuple[int, ...]) -> torch.Tensor:
-    """||x||_p along ``dims`` (kept), exact also for extreme magnitudes."""
-    if p in (1, INF):
-        return torch.linalg.vector_norm(x, ord=p, dim=dims, keepdim=True)
-    peak = torch.amax(x.abs(), dim=dims, keepdim=True)
-    scaled = x * _safe_reciprocal(peak)
-    if p == 2:
-        return peak * torch.linalg.vector_norm(scaled, ord=2, dim=dims, keepdim=True)
-    _, total = _powered(scaled, p, dims)
-    return peak * total.pow(1 / p)
-
-
-def _direction(
-    g: torch.Tensor, p: float, dims: tuple[int, ...], workspace: Workspace | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t, s) with phi_p(g) = t * s: t = sign(g)|g|^(p-1) unnormalized, s the per-row factor."""
-    if p == 2:
-        if dims == (g.ndim - 1,):
-            norm = torch.linalg.vector_norm(g, ord=2, dim=dims, keepdim=True)
-        else:  # vector_norm over leading axes is ~30x slower on CPUs than squaring and summing
-            norm = torch.mul(g, g, out=scratch(workspace, g, 0)).sum(dim=dims, keepdim=True).sqrt_()
-        info = torch.finfo(g.dtype) if g.is_floating_point() else None
-        if info is not None and not bool(((norm > info.tiny**0.5 * 1e4) & (norm < info.max**0.5 * 1e-4)).all()):
-            norm = lp_norm(g, 2, dims)
-        return g, _safe_reciprocal(norm)
-    u, total = _powered(g, p, dims, workspace)
-    # ||g||_p^(p-1) = total^((p-1)/p); the row maximum cancels because phi_p is scale invariant.
-    return u.copysign_(g), _safe_reciprocal(total.pow((p - 1) / p))
-
-
-def phi(g: torch.Tensor, p: float, dims: tuple[int, ...]) -> torch.Tensor:
-    """phi_p along ``dims``: the l_{p*} unit vector maximising <g, .> (GEOMETRY.md, Notation):
-    ``sign(g) |g|^(p-1) / ||g||_p^(p-1)``. phi_1 = sign; phi_inf puts all mass on the largest |g_i|
-    (the first one on ties)."""
-    if p == 1:
-        return torch.sign(g)
-    if p == INF:
-        return _argmax_sign(g, dims)
-    t, s = _direction(g, p, dims)
-    return t * s
-
-
-def _argmax_sign(g: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    keep = [d for d in range(g.ndim) if d not in dims]
-    moved = g.permute(keep + list(dims))
-    flat = moved.reshape(*moved.shape[: len(keep)], -1)
-    idx = flat.abs().argmax(dim=-1, keepdim=True)
-    out = torch.zeros_like(flat).scatter_(-1, idx, torch.sign(flat.gather(-1, idx)))
-    out = out.reshape(moved.shape)
-    return out.permute([(keep + list(dims)).index(d) for d in range(g.ndim)])
-
-
-def _apply_normalized_(
-    param: torch.Tensor, g: torch.Tensor, p: float, dims: tuple[int, ...], c: float, workspace: Workspace | None
-) -> None:
-    """``param += c * phi_p(g)`` along ``dims``: one pass over ``param``, temporaries in ``workspace``."""
-    if p == 1:
-        param.add_(torch.sign(g, out=scratch(workspace, g, 0)), alpha=c)
-    elif p == INF:
-        param.add_(_argmax_sign(g, dims), alpha=c)
-    else:
-        t, s = _direction(g, p, dims, workspace)
-        param.addcmul_(t, s, value=c)
 
 
 class Geometry:
@@ -154,25 +57,27 @@ class Geometry:
     name = "geometry"
     matrix = True  # needs a layout with fan_out and fan_in axes
 
-    def norm(self, d: torch.Tensor, layout: str | Layout | None = None) -> torch.Tensor:
+    def reduced_dims(self, layout: str | Layout | None = None) -> tuple[int, ...]:
+        """The tensor dims the step reduces over: sharding one of them needs ``reduce``."""
         raise NotImplementedError
 
-    def dual_norm(self, g: torch.Tensor, layout: str | Layout | None = None) -> torch.Tensor:
+    def norm(self, d: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None):
         raise NotImplementedError
 
-    def lmo(self, g: torch.Tensor, layout: str | Layout | None = None) -> torch.Tensor:
+    def dual_norm(self, g: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None):
         raise NotImplementedError
+
+    def lmo(self, g: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None):
+        raise NotImplementedError
+
+    def apply_lmo_(self, param: torch.Tensor, g: torch.Tensor, alpha: float, layout=None,
+                   workspace: Workspace | None = None, reduce: Reduce | None = None) -> None:
+        """``param += alpha * lmo(g)`` in place, temporaries in ``workspace``; tested against ``lmo``."""
+        param.add_(self.lmo(g, layout, reduce), alpha=alpha)
 
     def sign_scale(self, shape, layout: str | Layout | None = None) -> float | None:
         """c when the LMO is ``-c * sign(G)``, else None. Rescaled AdamW swaps sign(G) for Adam's direction."""
         return None
-
-    def apply_lmo_(self, param: torch.Tensor, g: torch.Tensor, alpha: float, layout=None,
-                   workspace: Workspace | None = None) -> None:
-        """``param += alpha * lmo(g)`` in place. Geometries override it with fused kernels that skip the
-        temporary LMO tensor (and keep other temporaries in ``workspace``); this plain form is the
-        reference they are tested against."""
-        param.add_(self.lmo(g, layout), alpha=alpha)
 
     def _layout(self, t: torch.Tensor, layout) -> Layout:
         return resolve_layout(layout, t)
@@ -202,28 +107,27 @@ class Row(Geometry):
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_exponent("row geometry p", self.p))
 
-    def norm(self, d, layout=None):
+    def reduced_dims(self, layout=None):
+        return _as_layout(layout).in_dims
+
+    def norm(self, d, layout=None, reduce=None):  # n^(1/p) max_r ||D_r||_{p*}
         lay = self._layout(d, layout)
-        n = lay.fan_in(d.shape)
-        return n ** (1 / self.p) * lp_norm(d, dual_exponent(self.p), lay.in_dims).max()
+        return lay.fan_in(d.shape) ** (1 / self.p) * lp_norm(d, dual_exponent(self.p), lay.in_dims, reduce).max()
 
-    def dual_norm(self, g, layout=None):
+    def dual_norm(self, g, layout=None, reduce=None):  # n^(-1/p) sum_r ||G_r||_p
         lay = self._layout(g, layout)
-        n = lay.fan_in(g.shape)
-        return n ** (-1 / self.p) * lp_norm(g, self.p, lay.in_dims).sum()
+        return lay.fan_in(g.shape) ** (-1 / self.p) * lp_norm(g, self.p, lay.in_dims, reduce).sum()
 
-    def lmo(self, g, layout=None):
+    def lmo(self, g, layout=None, reduce=None):  # row r: -n^(-1/p) phi_p(G_r)
         lay = self._layout(g, layout)
-        n = lay.fan_in(g.shape)
-        return phi(g, self.p, lay.in_dims).mul_(-(n ** (-1 / self.p)))
+        return phi(g, self.p, lay.in_dims, reduce).mul_(-(lay.fan_in(g.shape) ** (-1 / self.p)))
+
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
+        lay = self._layout(g, layout)
+        add_phi_(param, g, self.p, lay.in_dims, -alpha * lay.fan_in(g.shape) ** (-1 / self.p), workspace, reduce)
 
     def sign_scale(self, shape, layout=None):
         return 1 / _dims(shape, layout)[1] if self.p == 1 else None
-
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None):
-        lay = self._layout(g, layout)
-        c = -alpha * lay.fan_in(g.shape) ** (-1 / self.p)
-        _apply_normalized_(param, g, self.p, lay.in_dims, c, workspace)
 
 
 @dataclass(frozen=True)
@@ -240,25 +144,27 @@ class Col(Geometry):
         """m^(1/q)/n: the LMO's factor; the norm carries its inverse."""
         return lay.fan_out(shape) ** (1 / self.q) / lay.fan_in(shape)
 
-    def norm(self, d, layout=None):
+    def reduced_dims(self, layout=None):
+        return _as_layout(layout).out_dims
+
+    def norm(self, d, layout=None, reduce=None):  # (n / m^(1/q)) max_c ||D_c||_q
         lay = self._layout(d, layout)
-        return lp_norm(d, self.q, lay.out_dims).max() / self._scale(d.shape, lay)
+        return lp_norm(d, self.q, lay.out_dims, reduce).max() / self._scale(d.shape, lay)
 
-    def dual_norm(self, g, layout=None):
+    def dual_norm(self, g, layout=None, reduce=None):  # (m^(1/q)/n) sum_c ||G_c||_{q*}
         lay = self._layout(g, layout)
-        return self._scale(g.shape, lay) * lp_norm(g, dual_exponent(self.q), lay.out_dims).sum()
+        return self._scale(g.shape, lay) * lp_norm(g, dual_exponent(self.q), lay.out_dims, reduce).sum()
 
-    def lmo(self, g, layout=None):
+    def lmo(self, g, layout=None, reduce=None):  # column c: -(m^(1/q)/n) phi_{q*}(G_c)
         lay = self._layout(g, layout)
-        return phi(g, dual_exponent(self.q), lay.out_dims).mul_(-self._scale(g.shape, lay))
+        return phi(g, dual_exponent(self.q), lay.out_dims, reduce).mul_(-self._scale(g.shape, lay))
+
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
+        lay = self._layout(g, layout)
+        add_phi_(param, g, dual_exponent(self.q), lay.out_dims, -alpha * self._scale(g.shape, lay), workspace, reduce)
 
     def sign_scale(self, shape, layout=None):
         return 1 / _dims(shape, layout)[1] if self.q == INF else None
-
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None):
-        lay = self._layout(g, layout)
-        c = -alpha * self._scale(g.shape, lay)
-        _apply_normalized_(param, g, dual_exponent(self.q), lay.out_dims, c, workspace)
 
 
 @dataclass(frozen=True)
@@ -284,16 +190,19 @@ class Sign(Geometry):
 
     name = "sign"
 
-    def norm(self, d, layout=None):
+    def reduced_dims(self, layout=None):
+        return ()
+
+    def norm(self, d, layout=None, reduce=None):  # n max |D_ij|
         return self._layout(d, layout).fan_in(d.shape) * d.abs().max()
 
-    def dual_norm(self, g, layout=None):
+    def dual_norm(self, g, layout=None, reduce=None):  # ||G||_1 / n
         return g.abs().sum() / self._layout(g, layout).fan_in(g.shape)
 
-    def lmo(self, g, layout=None):
+    def lmo(self, g, layout=None, reduce=None):  # -sign(G) / n
         return torch.sign(g).mul_(-self.sign_scale(g.shape, self._layout(g, layout)))
 
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None):
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
         c = -alpha * self.sign_scale(g.shape, self._layout(g, layout))
         param.add_(torch.sign(g, out=scratch(workspace, g, 0)), alpha=c)
 
@@ -308,14 +217,20 @@ class Vector(Geometry):
     name = "vector"
     matrix = False
 
-    def norm(self, d, layout=None):
+    def reduced_dims(self, layout=None):
+        return ()
+
+    def norm(self, d, layout=None, reduce=None):  # max |d_i|
         return d.abs().max() if d.numel() else d.new_zeros(())
 
-    def dual_norm(self, g, layout=None):
+    def dual_norm(self, g, layout=None, reduce=None):  # ||g||_1
         return g.abs().sum()
 
-    def lmo(self, g, layout=None):
+    def lmo(self, g, layout=None, reduce=None):  # -sign(g)
         return torch.sign(g).neg_()
+
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
+        param.add_(torch.sign(g, out=scratch(workspace, g, 0)), alpha=-alpha)
 
     def sign_scale(self, shape, layout=None):
         return 1.0
@@ -350,6 +265,7 @@ class Spectral(Geometry):
             raise ValueError(f"spectral scale must be one of {SPECTRAL_SCALES}, got {self.scale!r}")
         if int(self.steps) != self.steps or self.steps < 1:
             raise ValueError(f"spectral steps must be a positive integer, got {self.steps}")
+        object.__setattr__(self, "steps", int(self.steps))
         if len(self.coefficients) != 3:
             raise ValueError(f"spectral coefficients must be three numbers (a, b, c), got {self.coefficients}")
         object.__setattr__(self, "coefficients", tuple(float(c) for c in self.coefficients))
@@ -357,28 +273,43 @@ class Spectral(Geometry):
     def factor(self, m: int, n: int) -> float:
         return math.sqrt(m / n) if self.scale == "mean" else math.sqrt(max(1.0, m / n))
 
-    def norm(self, d, layout=None):
-        lay = self._layout(d, layout)
-        mat = lay.to_matrix(d)
+    def reduced_dims(self, layout=None):
+        lay = _as_layout(layout)
+        return tuple(sorted(lay.out_dims + lay.in_dims))
+
+    def norm(self, d, layout=None, reduce=None):  # sqrt(n/m) ||D||_{2->2}
+        mat = _whole_matrices(self._layout(d, layout), d, reduce)
         return torch.linalg.matrix_norm(mat, ord=2).max() / self.factor(mat.shape[-2], mat.shape[-1])
 
-    def dual_norm(self, g, layout=None):
-        lay = self._layout(g, layout)
-        mat = lay.to_matrix(g)
+    def dual_norm(self, g, layout=None, reduce=None):  # sqrt(m/n) ||G||_nuclear
+        mat = _whole_matrices(self._layout(g, layout), g, reduce)
         return self.factor(mat.shape[-2], mat.shape[-1]) * torch.linalg.matrix_norm(mat, ord="nuc").sum()
 
-    def lmo(self, g, layout=None):
+    def lmo(self, g, layout=None, reduce=None):  # -sqrt(m/n) U V^T
         lay = self._layout(g, layout)
-        mat = lay.to_matrix(g)
-        polar = orthogonalize(mat, self.method, self.steps, self.coefficients, self.dtype, self.eps)
-        polar = polar.to(g.dtype).mul_(-self.factor(mat.shape[-2], mat.shape[-1]))
-        return lay.from_matrix(polar, g.shape)
+        return lay.from_matrix(self._polar(lay, g, reduce).to(g.dtype), g.shape).mul(-self._factor(lay, g))
 
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None):
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
         lay = self._layout(g, layout)
-        mat = lay.to_matrix(g)
-        polar = orthogonalize(mat, self.method, self.steps, self.coefficients, self.dtype, self.eps)
-        param.add_(lay.from_matrix(polar, g.shape), alpha=-alpha * self.factor(mat.shape[-2], mat.shape[-1]))
+        param.add_(lay.from_matrix(self._polar(lay, g, reduce), g.shape), alpha=-alpha * self._factor(lay, g))
+
+    def _polar(self, lay: Layout, g: torch.Tensor, reduce) -> torch.Tensor:
+        mat = _whole_matrices(lay, g, reduce)
+        return orthogonalize(mat, self.method, self.steps, self.coefficients, self.dtype, self.eps)
+
+    def _factor(self, lay: Layout, g: torch.Tensor) -> float:
+        return self.factor(lay.fan_out(g.shape), lay.fan_in(g.shape))
+
+
+def _whole_matrices(lay: Layout, t: torch.Tensor, reduce) -> torch.Tensor:
+    if reduce is not None:
+        raise ValueError("the spectral geometry needs whole matrices: gather the shards before its step")
+    return lay.to_matrix(t)
+
+
+def _as_layout(layout: str | Layout | None) -> Layout:
+    """The layout of a plain matrix when none is given (as :func:`resolve_layout` does)."""
+    return layout if isinstance(layout, Layout) else as_layout(layout or LINEAR)
 
 
 def _dims(shape, layout) -> tuple[int, int]:

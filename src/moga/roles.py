@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from moga.geometry import parse_geometry
+from moga.geometry import Geometry, parse_geometry
 from moga.layout import EMBEDDING, LINEAR, as_layout
 
 ROLES = ("embedding", "input", "hidden", "readout", "tied", "conv", "vector")
@@ -49,16 +49,21 @@ MATRIX_ROLES = ("input", "hidden", "readout", "tied", "conv")
 VECTOR_UPDATES = {"adamw": "adam:vector", "sign": "vector"}
 
 
-def role_geometries(matrix: str, embedding: str, vectors: str) -> dict[str, str]:
+def role_geometries(matrix: Geometry | str, embedding: Geometry | str, vectors: str, update: str = "lmo") -> dict[str, str]:
     """The policy behind every preset optimizer: one geometry for all matrices, one for embedding tables,
-    and Adam (``vectors="adamw"``) or the l_inf sign step (``"sign"``) for vectors."""
+    and Adam (``vectors="adamw"``) or the l_inf sign step (``"sign"``) for vectors. ``update="adam"`` gives
+    the matrices and tables Adam's direction in place of their sign geometry's ``sign(G)``. The plan keeps
+    spec strings (``str(geometry)``), which survive ``state_dict``."""
     if vectors not in VECTOR_UPDATES:
         raise ValueError(f"vectors must be one of {sorted(VECTOR_UPDATES)}, got {vectors!r}")
-    for spec in (matrix, embedding):  # fail on p < 1 and the like before looking at any model
-        parse_geometry(spec.removeprefix(ADAM_PREFIX))
+    if update not in ("lmo", "adam"):
+        raise ValueError(f"update must be 'lmo' or 'adam', got {update!r}")
+    prefix = ADAM_PREFIX if update == "adam" else ""
+    # parse_geometry fails on p < 1 and the like before any model is looked at
+    matrix_spec, embedding_spec = (prefix + str(parse_geometry(g)) for g in (matrix, embedding))
     return {
-        **{role: matrix for role in MATRIX_ROLES},
-        "embedding": embedding,
+        **{role: matrix_spec for role in MATRIX_ROLES},
+        "embedding": embedding_spec,
         "vector": VECTOR_UPDATES[vectors],
     }
 

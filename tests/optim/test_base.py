@@ -11,6 +11,7 @@ from torch import nn
 from moga.geometry import parse_geometry
 from moga.optim import MOGA, GeometryOptimizer, Muon, ScaledAdamW
 
+from .reference import ReferenceStep
 from .tinynet import TINY_OVERRIDES, TinyNet, tiny_loss
 
 FACTORIES = {
@@ -29,7 +30,7 @@ FACTORIES = {
 
 def train(model, opt, steps, first_seed=0):
     for s in range(steps):
-        opt.zero_grad()
+        model.zero_grad()
         tiny_loss(model, first_seed + s).backward()
         opt.step()
 
@@ -41,7 +42,7 @@ def test_fast_path_equals_reference_path(name):
     ref_model = TinyNet()
     ref_model.load_state_dict(fast_model.state_dict())
     fast = FACTORIES[name](fast_model)
-    ref = FACTORIES[name](ref_model, foreach=False)
+    ref = ReferenceStep(FACTORIES[name](ref_model).param_groups)
     train(fast_model, fast, 5)
     train(ref_model, ref, 5)
     for a, b in zip(fast_model.parameters(), ref_model.parameters()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moga.geometry import INF, Embedding, Sign
 from moga.optim.base import GeometryOptimizer
 from moga.roles import role_geometries
 
@@ -25,11 +26,10 @@ class ScaledAdamW(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
-        foreach: bool = True,
     ):
-        self.role_geometries = role_geometries("adam:sign", "adam:embedding(q=inf)", "adamw")
+        self.role_geometries = role_geometries(Sign(), Embedding(q=INF), "adamw", update="adam")
         # Plain params get the hidden-matrix rule; a model's role plan decides per parameter.
         super().__init__(
-            params, lr, 0.0, False, weight_decay, betas, eps, geometry="sign", update="adam",
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite, foreach=foreach,
+            params, lr, 0.0, False, weight_decay, betas, eps, geometry=Sign(), update="adam",
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
         )

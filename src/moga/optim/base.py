@@ -2,9 +2,12 @@
 
 A group's ``update`` is ``"lmo"`` (steepest descent: ``D* = lmo(G)`` on the momentum EMA ``G``) or
 ``"adam"`` (Adam's ``m_hat / (sqrt(v_hat) + eps)`` in place of ``sign(G)`` in a sign geometry, with
-that geometry's factor). Every step is ``W <- (1 - lr*wd) W + lr * D*`` (GEOMETRY.md). Geometry,
-layout and update are strings in the group, so they survive ``state_dict`` and ``torch.load``'s
-``weights_only`` mode; nothing is stored on tensors.
+that geometry's factor). Every step is ``W <- (1 - lr*wd) W + lr * D*`` (GEOMETRY.md).
+
+Each group's geometry is parsed once, when the group is added (and again when a state dict is loaded),
+into a :class:`~moga.geometry.Geometry` and the layout of each parameter; ``step`` uses those. The group
+keeps the spec string, layout and update as plain strings only so that they survive ``state_dict`` and
+``torch.load``'s ``weights_only`` mode; nothing is stored on tensors.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from moga.geometry import parse_geometry
-from moga.layout import resolve_layout
+from moga.geometry import Geometry, parse_geometry
+from moga.layout import Layout, resolve_layout
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace, scratch
 
@@ -57,7 +60,7 @@ class GeometryOptimizer(Optimizer):
     :class:`~moga.roles.RolePlan`, or torch-style params / param groups; a group without a ``geometry``
     key takes ``geometry`` and ``update``. ``nonfinite="skip"`` skips a step whose gradients hold NaN or inf and
     counts it in ``skipped_steps``; ``"raise"`` raises ``FloatingPointError``. Either way the weights and
-    optimizer state are left untouched. ``foreach=False`` selects the plain reference path.
+    optimizer state are left untouched.
     """
 
     role_geometries: Mapping[str, str] = {}
@@ -72,18 +75,18 @@ class GeometryOptimizer(Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         *,
-        geometry: str | None = None,
+        geometry: Geometry | str | None = None,
         update: str = "lmo",
         geometries: Mapping[str, str] | None = None,
         overrides: Mapping | None = None,
         nonfinite: str = "skip",
-        foreach: bool = True,
     ):
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        geometry = None if geometry is None else str(parse_geometry(geometry))  # the groups' default spec
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, betas=tuple(betas),
-            eps=eps, geometry=geometry, update=update, layout=None, foreach=foreach,
+            eps=eps, geometry=geometry, update=update, layout=None,
         )
         check_hyperparameters(defaults)
         self.plan: RolePlan | None = None
@@ -97,26 +100,16 @@ class GeometryOptimizer(Optimizer):
         self.nonfinite = nonfinite
         self.skipped_steps = 0
         self._workspace = Workspace()  # scratch for temporaries; not state, never saved
+        self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        check_hyperparameters(group)
-        if group["geometry"] is None:
-            raise ValueError(
-                "a param group has no geometry: pass geometry='row(p=2)' (or another spec), give each group "
-                "a 'geometry' key, or pass the model itself so that its role plan decides")
-        geometry = parse_geometry(group["geometry"])
-        group["geometry"] = str(geometry)
-        for k, p in enumerate(group["params"]):
-            name = group["names"][k] if "names" in group else f"params[{k}] of shape {tuple(p.shape)}"
-            try:
-                layout = _layout_of(group, geometry, p)
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
-            if group["update"] == "adam" and geometry.sign_scale(p.shape, layout) is None:
-                raise ValueError(f"{name}: update='adam' needs a sign geometry, not {geometry}")
+        try:
+            self._plans.append(_plan_group(self.param_groups[-1]))
+        except Exception:
+            self.param_groups.pop()  # a rejected group leaves the optimizer as it was
+            raise
 
     # --- stepping ------------------------------------------------------------------------------------
 
@@ -128,7 +121,7 @@ class GeometryOptimizer(Optimizer):
                 loss = closure()
         if not self._gradients_finite():
             return loss
-        for group in self.param_groups:
+        for plan, group in zip(self._plans, self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -138,34 +131,26 @@ class GeometryOptimizer(Optimizer):
                     raise RuntimeError("moga optimizers do not support sparse gradients")
                 grads.append(p.grad)
             if group["update"] == "adam":
-                self._adam_step(group, params, grads)
+                self._adam_step(plan, group, params, grads)
             else:
-                self._lmo_step(group, params, grads)
+                self._lmo_step(plan, group, params, grads)
         return loss
 
-    def _lmo_step(self, group, params, grads):
-        geometry = parse_geometry(group["geometry"])
-        lr, momentum, wd, fast = group["lr"], group["momentum"], group["weight_decay"], group["foreach"]
-        workspace = self._workspace if fast else None
+    def _lmo_step(self, plan: GroupPlan, group, params, grads):
+        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         directions = grads
         if momentum > 0:
             directions = [self._buffer(p, "momentum_buffer") for p in params]
-            _lerp_(directions, grads, 1 - momentum, fast)  # the EMA G <- m G + (1 - m) g
+            torch._foreach_lerp_(directions, grads, 1 - momentum)  # the EMA G <- m G + (1 - m) g
         if wd:
-            _mul_(params, 1 - lr * wd, fast)
+            torch._foreach_mul_(params, 1 - lr * wd)
         for p, g, d in zip(params, grads, directions):
             if momentum > 0 and group["nesterov"]:
-                d = torch.lerp(g, d, momentum, out=scratch(workspace, g, 2))
-            layout = _layout_of(group, geometry, p)
-            if fast:
-                geometry.apply_lmo_(p, d, lr, layout, workspace)
-            else:
-                p.add_(geometry.lmo(d, layout), alpha=lr)
+                d = torch.lerp(g, d, momentum, out=scratch(self._workspace, g, 2))
+            plan.geometry.apply_lmo_(p, d, lr, plan.layout(p), self._workspace)
 
-    def _adam_step(self, group, params, grads):
-        geometry = parse_geometry(group["geometry"])
-        lr, wd, eps, fast = group["lr"], group["weight_decay"], group["eps"], group["foreach"]
-        workspace = self._workspace if fast else None
+    def _adam_step(self, plan: GroupPlan, group, params, grads):
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
         exp_avgs = [self._buffer(p, "exp_avg") for p in params]
@@ -173,35 +158,29 @@ class GeometryOptimizer(Optimizer):
         for st in states:
             st.setdefault("step", torch.tensor(0.0, dtype=torch.float32))
             st["step"] += 1
-        if fast and _fused_adamw_applies(params):
-            self._fused_adam_step(group, geometry, params, grads, exp_avgs, exp_avg_sqs, states)
+        if _fused_adamw_applies(params):
+            self._fused_adam_step(plan, group, params, grads, exp_avgs, exp_avg_sqs, states)
             return
-        _lerp_(exp_avgs, grads, 1 - beta1, fast)
-        if fast:
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-        else:
-            for v, g in zip(exp_avg_sqs, grads):
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
         if wd:
-            _mul_(params, 1 - lr * wd, fast)
+            torch._foreach_mul_(params, 1 - lr * wd)
         # The same expressions as torch.optim.AdamW with lr * c, c the geometry's sign factor.
         for p, m, v, st in zip(params, exp_avgs, exp_avg_sqs, states):
             t = st["step"].item()
-            layout = _layout_of(group, geometry, p)
-            step_size = lr * geometry.sign_scale(p.shape, layout) / (1 - beta1**t)
-            denom = torch.sqrt(v, out=scratch(workspace, v, 0)).div_(math.sqrt(1 - beta2**t)).add_(eps)
+            step_size = lr * plan.sign_scale(p) / (1 - beta1**t)
+            denom = torch.sqrt(v, out=scratch(self._workspace, v, 0)).div_(math.sqrt(1 - beta2**t)).add_(eps)
             p.addcdiv_(m, denom, value=-step_size)
 
-    def _fused_adam_step(self, group, geometry, params, grads, exp_avgs, exp_avg_sqs, states):
+    def _fused_adam_step(self, plan: GroupPlan, group, params, grads, exp_avgs, exp_avg_sqs, states):
         """torch's fused AdamW kernel, one call per sign factor c: lr*c, and decay wd/c so that the
         decay stays lr*wd. One pass over the tensors instead of about six."""
         lr, wd = group["lr"], group["weight_decay"]
         beta1, beta2 = group["betas"]
         by_scale: dict[float, list[list]] = {}
         for p, g, m, v, st in zip(params, grads, exp_avgs, exp_avg_sqs, states):
-            layout = _layout_of(group, geometry, p)
-            lists = by_scale.setdefault(geometry.sign_scale(p.shape, layout), [[], [], [], [], []])
+            lists = by_scale.setdefault(plan.sign_scale(p), [[], [], [], [], []])
             for bucket, t in zip(lists, (p, g, m, v, st["step"])):
                 bucket.append(t)
         for c, (ps, gs, ms, vs, steps) in by_scale.items():
@@ -255,11 +234,43 @@ class GeometryOptimizer(Optimizer):
         state_dict = dict(state_dict)
         self.skipped_steps = int(state_dict.pop("skipped_steps", 0))
         super().load_state_dict(state_dict)
+        self._plans = [_plan_group(group) for group in self.param_groups]
 
 
-def _layout_of(group: dict, geometry, p: torch.Tensor):
-    """The group's layout for ``p`` (a plain matrix defaults to "oi"); None for non-matrix geometries."""
-    return resolve_layout(group["layout"], p) if geometry.matrix else None
+class GroupPlan:
+    """What the step needs of one param group: its geometry, parsed once, and each parameter's layout."""
+
+    def __init__(self, geometry: Geometry, layouts: dict[int, Layout | None]):
+        self.geometry = geometry
+        self._layouts = layouts  # by id(param)
+
+    def layout(self, p: torch.Tensor) -> Layout | None:
+        return self._layouts[id(p)]
+
+    def sign_scale(self, p: torch.Tensor) -> float | None:
+        return self.geometry.sign_scale(p.shape, self.layout(p))
+
+
+def _plan_group(group: dict) -> GroupPlan:
+    """Check a param group and parse its geometry; the group keeps the spec string (for state_dict)."""
+    check_hyperparameters(group)
+    if group["geometry"] is None:
+        raise ValueError(
+            "a param group has no geometry: pass geometry=Row(p=2) (or a spec such as 'row(p=2)'), give each "
+            "group a 'geometry' key, or pass the model itself so that its role plan decides")
+    geometry = parse_geometry(group["geometry"])
+    group["geometry"] = str(geometry)
+    layouts = {}
+    for k, p in enumerate(group["params"]):
+        name = group["names"][k] if "names" in group else f"params[{k}] of shape {tuple(p.shape)}"
+        try:
+            # A plain matrix defaults to "oi"; non-matrix geometries have no layout.
+            layouts[id(p)] = resolve_layout(group["layout"], p) if geometry.matrix else None
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+        if group["update"] == "adam" and geometry.sign_scale(p.shape, layouts[id(p)]) is None:
+            raise ValueError(f"{name}: update='adam' needs a sign geometry, not {geometry}")
+    return GroupPlan(geometry, layouts)
 
 
 def _rows_finite(g: torch.Tensor) -> torch.Tensor:
@@ -278,20 +289,3 @@ def _fused_adamw_applies(params: list[torch.Tensor]) -> bool:
     device, dtype = params[0].device, params[0].dtype
     return (device.type in ("cpu", "cuda") and dtype in (torch.float32, torch.float64)
             and all(p.device == device and p.dtype == dtype for p in params))
-
-
-def _lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float, fast: bool) -> None:
-    if fast:
-        torch._foreach_lerp_(targets, sources, weight)
-    else:
-        for t, s in zip(targets, sources):
-            t.lerp_(s, weight)
-
-
-def _mul_(tensors: list[torch.Tensor], factor: float, fast: bool) -> None:
-    if fast:
-        torch._foreach_mul_(tensors, factor)
-    else:
-        for t in tensors:
-            t.mul_(factor)
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moga.geometry import Embedding, Geometry, Row
 from moga.optim.base import GeometryOptimizer
 from moga.roles import MOGA_GEOMETRIES, role_geometries
 
@@ -33,14 +34,13 @@ class MOGA(GeometryOptimizer):
         vectors: str = "adamw",
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        geometry: str | None = None,
+        geometry: Geometry | str | None = None,
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
-        foreach: bool = True,
     ):
-        self.role_geometries = role_geometries(f"row(p={p})", f"embedding(q={embedding_q})", vectors)
+        self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=geometry,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite, foreach=foreach,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moga.geometry import Embedding, Spectral
 from moga.optim.base import GeometryOptimizer
 from moga.roles import role_geometries
 from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS
@@ -36,14 +37,10 @@ class Muon(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
-        foreach: bool = True,
     ):
-        spectral = (
-            f"spectral(method={method}, steps={int(ns_steps)}, coefficients={tuple(float(c) for c in ns_coefficients)}, "
-            f"dtype={ns_dtype}, scale={scale})"
-        )
-        self.role_geometries = role_geometries(spectral, f"embedding(q={embedding_q})", vectors)
+        spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
+        self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite, foreach=foreach,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
         )
