@@ -13,8 +13,9 @@ import warnings
 
 import torch
 
-from moga.geometry import Col, Geometry, Row, Sign, dual_exponent
+from moga.geometry import Col, Geometry, Row, Sign
 from moga.layout import Layout
+from moga.numerics import dual_exponent
 
 KERNELS = ("auto", "cpp", "torch")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -85,7 +86,48 @@ def plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> tuple[tuple[i
 
 
 def fits(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None) -> bool:
-    """The kernel's tensor requirements: one dtype it knows, dense, contiguous, one device."""
+    """The kernel's tensor requirements: plain tensors (a DTensor shard takes the plain path), one dtype
+    it knows, dense, contiguous, one device."""
     tensors = (param, grad) if buf is None else (param, grad, buf)
-    return (param.dtype in DTYPES and all(t.dtype == param.dtype and t.device == param.device for t in tensors)
+    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) and param.dtype in DTYPES and all(t.dtype == param.dtype and t.device == param.device for t in tensors)
             and all(t.layout == torch.strided and t.is_contiguous() for t in tensors))
+
+
+def fused_lmo_step_(
+    geometry: Geometry, layouts: list[Layout | None], params: list[torch.Tensor], grads: list[torch.Tensor],
+    bufs: list[torch.Tensor] | None, lr: float, momentum: float, nesterov: bool, weight_decay: float,
+    found_inf: torch.Tensor | None = None,
+) -> list[int]:
+    """One fused step (momentum EMA, Nesterov, decoupled decay, LMO) for the parameters the kernel
+    covers, all on ``params[0]``'s device; returns the indices of those it left to the plain path."""
+    from moga.kernels import ops  # registers the torch.ops.moga custom ops
+
+    device = params[0].device
+    done, shapes, scales = [], [], []
+    p_common = None
+    for k, (w, g) in enumerate(zip(params, grads)):
+        buf = bufs[k] if bufs else None
+        if w.device != device or not fits(w, g, buf):
+            continue
+        planned = plan(geometry, layouts[k], w.shape)
+        if planned is None or (p_common is not None and planned[1] != p_common):
+            continue
+        shape, p_common, factor = planned
+        done.append(k)
+        shapes.extend(shape)
+        scales.append(-lr * factor)
+    if done:
+        ops.lmo_step_(
+            [params[k] for k in done], [grads[k] for k in done], [bufs[k] for k in done] if bufs else [],
+            found_inf, shapes, scales, p_common, momentum if bufs else 0.0, nesterov, 1 - lr * weight_decay,
+        )
+    skipped = set(done)
+    return [k for k in range(len(params)) if k not in skipped]
+
+
+def found_nonfinite(tensors: list[torch.Tensor]) -> bool:
+    """Whether any element of the (CPU) tensors is NaN or inf: one exact read-only pass."""
+    from moga.kernels import ops
+
+    tensors = [t for t in tensors if t.numel()]
+    return bool(ops.found_nonfinite(tensors)) if tensors else False

@@ -26,10 +26,11 @@ class ScaledAdamW(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        kernel: str = "auto",
     ):
         self.role_geometries = role_geometries(Sign(), Embedding(q=INF), "adamw", update="adam")
         # Plain params get the hidden-matrix rule; a model's role plan decides per parameter.
         super().__init__(
             params, lr, 0.0, False, weight_decay, betas, eps, geometry=Sign(), update="adam",
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite, kernel=kernel,
         )

@@ -21,11 +21,13 @@ from torch import nn
 from torch.optim import Optimizer
 
 from moga.geometry import Geometry, parse_geometry
+from moga.kernels import DTYPES as KERNEL_DTYPES
+from moga.kernels import check_kernel, found_nonfinite, fused_available, fused_lmo_step_
 from moga.layout import Layout, resolve_layout
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace, scratch
 
-NONFINITE_POLICIES = ("skip", "raise")
+NONFINITE_POLICIES = ("skip", "raise", "ignore")
 
 
 def check_hyperparameters(h: Mapping) -> None:
@@ -60,7 +62,10 @@ class GeometryOptimizer(Optimizer):
     :class:`~moga.roles.RolePlan`, or torch-style params / param groups; a group without a ``geometry``
     key takes ``geometry`` and ``update``. ``nonfinite="skip"`` skips a step whose gradients hold NaN or inf and
     counts it in ``skipped_steps``; ``"raise"`` raises ``FloatingPointError``. Either way the weights and
-    optimizer state are left untouched.
+    optimizer state are left untouched; ``"ignore"`` does not look (no check pass; NaN then reaches the
+    weights). ``kernel="auto"`` runs the fused one-pass step of :mod:`moga.kernels` (C++ on CPU, compiled
+    on CUDA) where it covers a parameter and falls back to the plain path, with a one-line warning, when
+    it cannot be built; ``"cpp"`` insists on it, ``"torch"`` never uses it.
     """
 
     role_geometries: Mapping[str, str] = {}
@@ -80,9 +85,11 @@ class GeometryOptimizer(Optimizer):
         geometries: Mapping[str, str] | None = None,
         overrides: Mapping | None = None,
         nonfinite: str = "skip",
+        kernel: str = "auto",
     ):
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        self.kernel = check_kernel(kernel)
         geometry = None if geometry is None else str(parse_geometry(geometry))  # the groups' default spec
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, betas=tuple(betas),
@@ -119,7 +126,7 @@ class GeometryOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if not self._gradients_finite():
+        if self.nonfinite != "ignore" and not self._gradients_finite():
             return loss
         for plan, group in zip(self._plans, self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
@@ -138,6 +145,13 @@ class GeometryOptimizer(Optimizer):
 
     def _lmo_step(self, plan: GroupPlan, group, params, grads):
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        if fused_available(self.kernel, params[0].device):
+            bufs = [self._buffer(p, "momentum_buffer") for p in params] if momentum > 0 else None
+            rest = fused_lmo_step_(plan.geometry, [plan.layout(p) for p in params], params, grads, bufs, lr,
+                                   momentum, group["nesterov"], wd)
+            params, grads = [params[k] for k in rest], [grads[k] for k in rest]
+            if not params:
+                return
         directions = grads
         if momentum > 0:
             directions = [self._buffer(p, "momentum_buffer") for p in params]
@@ -207,6 +221,10 @@ class GeometryOptimizer(Optimizer):
             return True
         # NaN and inf propagate through an l2 norm; it also overflows on huge finite values, so those
         # tensors are looked at again elementwise below.
+        if all(g.device.type == "cpu" and g.dtype in KERNEL_DTYPES for _, g in named) and fused_available(
+                self.kernel, torch.device("cpu")):
+            if not found_nonfinite([g for _, g in named]):  # one exact read-only pass in C++
+                return True
         flags = [_rows_finite(g) for _, g in named]
         same_device = len({f.device for f in flags}) == 1
         finite = torch.stack(flags).cpu() if same_device else torch.stack([f.cpu() for f in flags])  # one sync

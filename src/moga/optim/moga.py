@@ -38,9 +38,10 @@ class MOGA(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        kernel: str = "auto",
     ):
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=geometry,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite, kernel=kernel,
         )

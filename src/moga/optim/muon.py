@@ -37,10 +37,11 @@ class Muon(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        kernel: str = "auto",
     ):
         spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
         self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite, kernel=kernel,
         )
