@@ -63,10 +63,13 @@ def fused_available(kernel: str, device: torch.device) -> bool:
     return False
 
 
+@torch.compiler.assume_constant_result  # depends on static facts only: traced as a constant
 def plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> tuple[tuple[int, int, int], float, float] | None:
     """``((B, K, N), p, factor)`` such that the geometry's LMO is ``-factor * phi_p`` along K of the
     tensor's (B, K, N) view; None when the kernel does not cover it (spectral, vector, p = inf, or
     normalized axes that are not adjacent)."""
+    if math.prod(shape) == 0:  # nothing to do, whatever the geometry
+        return (0, 0, 0), 1.0, 0.0
     if isinstance(geometry, Sign):
         p, factor, dims = 1.0, 1 / layout.fan_in(shape), None
     elif isinstance(geometry, Row):
@@ -77,12 +80,17 @@ def plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> tuple[tuple[i
         return None
     if p == math.inf:
         return None
-    if p == 1 or math.prod(shape) == 0:  # elementwise: any rows will do
+    if p == 1:  # elementwise: any rows will do
         last = shape[-1] if len(shape) else 1
-        return (math.prod(shape) // max(last, 1), last, 1), 1.0 if p == 1 else p, factor
+        return (math.prod(shape) // last, last, 1), 1.0, factor
     if list(dims) != list(range(dims[0], dims[-1] + 1)):
         return None
     return (math.prod(shape[: dims[0]]), math.prod(shape[dims[0]: dims[-1] + 1]), math.prod(shape[dims[-1] + 1:])), p, factor
+
+
+def covers(geometry: Geometry) -> bool:
+    """Whether the fused kernel can take a group of this geometry (p = inf aside)."""
+    return isinstance(geometry, (Row, Col, Sign))
 
 
 def fits(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None) -> bool:
@@ -109,6 +117,9 @@ def fused_lmo_step_(
         buf = bufs[k] if bufs else None
         if w.device != device or not fits(w, g, buf):
             continue
+        if w.numel() == 0:  # nothing to update
+            done.append(k)
+            continue
         planned = plan(geometry, layouts[k], w.shape)
         if planned is None or (p_common is not None and planned[1] != p_common):
             continue
@@ -116,9 +127,10 @@ def fused_lmo_step_(
         done.append(k)
         shapes.extend(shape)
         scales.append(-lr * factor)
-    if done:
+    work = [k for k in done if params[k].numel()]
+    if work:
         ops.lmo_step_(
-            [params[k] for k in done], [grads[k] for k in done], [bufs[k] for k in done] if bufs else [],
+            [params[k] for k in work], [grads[k] for k in work], [bufs[k] for k in work] if bufs else [],
             found_inf, shapes, scales, p_common, momentum if bufs else 0.0, nesterov, 1 - lr * weight_decay,
         )
     skipped = set(done)

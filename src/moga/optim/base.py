@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 
 from moga.geometry import Geometry, parse_geometry
 from moga.kernels import DTYPES as KERNEL_DTYPES
-from moga.kernels import check_kernel, found_nonfinite, fused_available, fused_lmo_step_
+from moga.kernels import check_kernel, covers, found_nonfinite, fused_available, fused_lmo_step_
 from moga.layout import Layout, resolve_layout
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace, scratch
@@ -109,6 +109,10 @@ class GeometryOptimizer(Optimizer):
         self._workspace = Workspace()  # scratch for temporaries; not state, never saved
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
+        # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
+        for device in {p.device for plan, group in zip(self._plans, self.param_groups) if group["update"] == "lmo"
+                       and covers(plan.geometry) for p in group["params"]}:
+            fused_available(self.kernel, device)
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
