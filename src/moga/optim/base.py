@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from moga.geometry import Geometry, parse_geometry
+from moga.geometry import Geometry, Spectral, parse_geometry
 from moga.kernels import DTYPES as KERNEL_DTYPES
 from moga.kernels import check_kernel, covers, found_nonfinite, fused_available, fused_lmo_step_
-from moga.layout import Layout, resolve_layout
+from moga.layout import Layout, as_layout, resolve_layout
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace, scratch
 
@@ -162,10 +162,31 @@ class GeometryOptimizer(Optimizer):
             torch._foreach_lerp_(directions, grads, 1 - momentum)  # the EMA G <- m G + (1 - m) g
         if wd:
             torch._foreach_mul_(params, 1 - lr * wd)
+        if isinstance(plan.geometry, Spectral) and len(params) > 1:
+            self._batched_spectral_step(plan, group, params, grads, directions)
+            return
         for p, g, d in zip(params, grads, directions):
             if momentum > 0 and group["nesterov"]:
                 d = torch.lerp(g, d, momentum, out=scratch(self._workspace, g, 2))
             plan.geometry.apply_lmo_(p, d, lr, plan.layout(p), self._workspace)
+
+    def _batched_spectral_step(self, plan: GroupPlan, group, params, grads, directions):
+        """Same-shape matrices go through one batched Newton-Schulz (bmm) call: a transformer's identical
+        matrices cost one call, not one each. The stack is a batch axis ``b`` of the layout."""
+        lr, momentum, nesterov = group["lr"], group["momentum"], group["nesterov"] and group["momentum"] > 0
+        batches: dict[tuple, list[int]] = {}
+        for k, p in enumerate(params):
+            batches.setdefault((p.shape, p.dtype, p.device, plan.layout(p)), []).append(k)
+        for (shape, dtype, device, layout), ks in batches.items():
+            stack = torch.empty((len(ks), *shape), dtype=dtype, device=device)
+            for row, k in zip(stack, ks):
+                if nesterov:
+                    torch.lerp(grads[k], directions[k], momentum, out=row)
+                else:
+                    row.copy_(directions[k])
+            weights = torch.stack([params[k] for k in ks])
+            plan.geometry.apply_lmo_(weights, stack, lr, as_layout("b" + layout.spec), self._workspace)
+            torch._foreach_copy_([params[k] for k in ks], list(weights.unbind(0)))
 
     def _adam_step(self, plan: GroupPlan, group, params, grads):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]

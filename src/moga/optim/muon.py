@@ -13,7 +13,8 @@ class Muon(GeometryOptimizer):
 
     ``scale="mean"`` is the geometry's ``s = sqrt(fan_out/fan_in)``; ``scale="torch"`` is
     torch.optim.Muon's ``sqrt(max(1, fan_out/fan_in))``, with which this matches torch.optim.Muon step for
-    step (given ``ns_dtype="bfloat16"``, the dtype torch uses). ``ns_dtype="auto"`` is float32 on CPUs.
+    step (given ``ns_dtype="bfloat16"``, the dtype torch uses). ``ns_dtype="auto"`` is bfloat16 where the hardware multiplies it fast (GPUs, CPUs with AMX or AVX512-BF16),
+    else float32. Same-shape matrices share one batched Newton-Schulz call.
     Embeddings and vectors get MOGA's geometries, so Muon and MOGA differ only on the matrices.
     """
 
