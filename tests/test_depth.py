@@ -1,6 +1,7 @@
 """Inverse-depth residual scaling as a tool: alpha, foreign models, removal, deepcopy, state_dict."""
 
 import copy
+import fnmatch
 import io
 
 import pytest
@@ -219,3 +220,39 @@ def test_hugging_face_gpt2():
         scale_residual_branches(receiver, 1.0)
         receiver.load_state_dict(model.state_dict())
         torch.testing.assert_close(receiver(idx).last_hidden_state, expected)
+
+
+# Hugging Face blocks: (family, modules that end each branch, scaled by hand in the reference)
+HF_BRANCH_ENDS = {
+    "llama": ("self_attn.o_proj", "mlp.down_proj"),
+    "mistral": ("self_attn.o_proj", "mlp.down_proj"),
+    "qwen2_tied": ("self_attn.o_proj", "mlp.down_proj"),
+    "bert": ("attention.output.dense", "layer.*.output.dense"),
+    "vit": ("attention.o_proj", "mlp.fc2"),
+    "t5": ("SelfAttention.o", "EncDecAttention.o", "DenseReluDense.wo"),
+}
+
+
+@pytest.mark.parametrize("family", HF_BRANCH_ENDS)
+def test_hugging_face_blocks_are_known(family):
+    """Each block computes x + alpha * branch(x): the scaled model equals one whose branch-ending layers
+    are multiplied by alpha by hand (alpha is linear in those layers' weights and biases)."""
+    from tests.integrations.hf_zoo import batch, build
+
+    model, reference, layers = build(family, layers=3).eval(), build(family, layers=3).eval(), 3
+    blocks = 2 * layers if family == "t5" else layers  # T5: encoder and decoder blocks together
+    handle = scale_residual_branches(model)
+    assert handle.depth == blocks and handle.alpha == 2 / blocks
+    per_block = 3 if family == "t5" else 2
+    assert len(handle.branches) == per_block * blocks - (layers if family == "t5" else 0)  # encoders: no cross-attn
+    ends = [n for n, _ in reference.named_modules()
+            if any(fnmatch.fnmatchcase(n, "*." + pattern) for pattern in HF_BRANCH_ENDS[family])]
+    assert len(ends) == len(handle.branches)
+    with torch.no_grad():
+        for name in ends:
+            for p in reference.get_submodule(name).parameters():
+                p.mul_(2 / blocks)
+        inputs = {k: v for k, v in batch(family).items() if k != "labels" or family == "t5"}
+        expected = reference(**inputs).logits
+        torch.testing.assert_close(model(**inputs).logits, expected)
+        assert not torch.allclose(build(family, layers=3).eval()(**inputs).logits, expected)  # alpha did something

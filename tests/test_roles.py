@@ -62,16 +62,47 @@ class TiedLM(nn.Module):
         return self.lm_head(h)
 
 
-def test_tied_weight_is_an_error_that_names_the_override():
-    with pytest.raises(PlanError, match=r"overrides=\{'wte.weight': 'tied'\}"):
-        build_plan(TiedLM())
-    plan = build_plan(TiedLM(), overrides={"wte.weight": "tied"})
+def test_tied_weight_gets_the_tied_role_and_the_plan_says_why():
+    plan = build_plan(TiedLM())
     tied = plan["lm_head.weight"]
     assert tied.name == "wte.weight" and tied.aliases == ("lm_head.weight",)
-    assert (tied.role, tied.layout, tied.matrix_shape) == ("tied", "oi", (30, 8))
+    assert (tied.role, tied.layout, tied.matrix_shape, tied.geometry) == ("tied", "oi", (30, 8), "row(p=2)")
     assert len(plan) == 5  # one entry for the shared tensor
-    as_embedding = build_plan(TiedLM(), overrides={"lm_head.weight": "embedding"})["wte.weight"]
-    assert (as_embedding.role, as_embedding.layout) == ("embedding", "io")
+    assert plan["blocks.1.weight"].role == "hidden"  # the head is the tied tensor: no other readout
+    (note,) = [line for line in str(plan).splitlines() if line.startswith("note:")]
+    assert "wte (Embedding)" in note and "lm_head (Linear)" in note and "row(p=2)" in note and "30x8" in note
+    assert plan.rows()[0]["reason"] == note.removeprefix("note: ")
+    # Overrides still win, and then the plan has nothing to explain.
+    as_embedding = build_plan(TiedLM(), overrides={"lm_head.weight": "embedding"})
+    assert (as_embedding["wte.weight"].role, as_embedding["wte.weight"].layout) == ("embedding", "io")
+    assert "note:" not in str(as_embedding)
+    sign = build_plan(TiedLM(), geometries={"tied": "sign"})["wte.weight"]
+    assert (sign.role, sign.geometry) == ("tied", "sign")
+
+
+class TwoHeads(nn.Module):
+    """One table read by two dense layers in opposite orientations: no rule can pick one."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(8, 8)
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.b.weight = self.a.weight = self.wte.weight
+        self.c = Conv1DLike(self.wte.weight)
+
+
+class Conv1DLike(nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+
+Conv1DLike.__name__ = "Conv1D"  # Hugging Face's (in, out) dense layer
+
+
+def test_a_tensor_used_in_two_orientations_is_still_an_error():
+    with pytest.raises(PlanError, match=r"shared as .*overrides=\{'wte.weight': 'tied'\}"):
+        build_plan(TwoHeads())
 
 
 class Experts(nn.Module):
@@ -138,9 +169,7 @@ def test_hugging_face_gpt2_from_config():
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16,
                                      bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(config)
-    with pytest.raises(PlanError, match="transformer.wte.weight"):
-        build_plan(model)
-    plan = build_plan(model, overrides={"transformer.wte.weight": "tied"})
+    plan = build_plan(model)  # the tied head needs no override
     assert plan["lm_head.weight"].role == "tied"
     c_fc = plan["transformer.h.0.mlp.c_fc.weight"]  # Conv1D stores (in, out)
     assert (c_fc.role, c_fc.layout, c_fc.matrix_shape) == ("hidden", "io", (128, 32))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from moga.bench.cli import bench_app
+from moga.data.cli import data_app
+from moga.experiments.coordcheck import coordcheck_command
 from moga.experiments.demo import demo_command
 from moga.experiments.smoothness.cli import smoothness_command
 from moga.sweep.cli import sweep
@@ -19,7 +21,9 @@ app.command("sweep")(sweep)
 app.command("report")(report_command)
 app.command("smoothness")(smoothness_command)
 app.command("demo")(demo_command)
+app.command("coordcheck")(coordcheck_command)
 app.add_typer(bench_app, name="bench")
+app.add_typer(data_app, name="data")
 
 
 def main() -> None:

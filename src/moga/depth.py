@@ -33,10 +33,13 @@ output by that child's ``alpha``. So the scaling
 Branches are found from known block types: any module with a ``residual_branches()`` method (this
 project's blocks), torchvision's ``BasicBlock``/``Bottleneck`` (the branch ends at ``bn2``/``bn3``,
 just before ``out += identity``) and Hugging Face's ``GPT2Block`` (``attn``, ``mlp``, and
-``crossattention`` when present). Otherwise name them with ``branches=``: the modules whose output is
-added to the residual stream. A branch must run once per forward; a tuple output (Hugging Face
-attention returns ``(output, weights)``) has its first element scaled; an ``nn.Sequential`` branch is
-scaled at its last module.
+``crossattention`` when present), ``LlamaDecoderLayer``, ``MistralDecoderLayer`` and
+``Qwen2DecoderLayer`` (``self_attn``, ``mlp``), ``BertLayer`` (the ``dense`` layers before each
+post-norm addition), ``ViTLayer`` and ``T5Block`` (self-attention, cross-attention, feed-forward); see
+``FOREIGN_BLOCKS``. K counts blocks: for T5, encoder and decoder blocks together. Otherwise name them
+with ``branches=``: the modules whose output is added to the residual stream. A branch must run once per
+forward; a tuple output (Hugging Face attention returns ``(output, weights)``) has its first element
+scaled; an ``nn.Sequential`` branch is scaled at its last module.
 """
 
 from __future__ import annotations
@@ -51,11 +54,24 @@ from torch import nn
 MODES = ("inverse_depth", "none")
 SCALE_NAME = "residual_scale"
 
-# (module, class) -> attributes of the block that are its branches, for blocks we cannot edit.
+# (module, class) -> submodules of the block (dotted paths, those present) that are its branches, for
+# blocks we cannot edit. Each ends where the block adds it to the residual stream.
+_HF = "transformers.models."
+_DECODER_LAYER = ("self_attn", "mlp")  # LLaMA-style pre-norm layers
 FOREIGN_BLOCKS: dict[tuple[str, str], tuple[str, ...]] = {
     ("torchvision.models.resnet", "BasicBlock"): ("bn2",),
     ("torchvision.models.resnet", "Bottleneck"): ("bn3",),
-    ("transformers.models.gpt2.modeling_gpt2", "GPT2Block"): ("attn", "crossattention", "mlp"),
+    (_HF + "gpt2.modeling_gpt2", "GPT2Block"): ("attn", "crossattention", "mlp"),
+    (_HF + "llama.modeling_llama", "LlamaDecoderLayer"): _DECODER_LAYER,
+    (_HF + "mistral.modeling_mistral", "MistralDecoderLayer"): _DECODER_LAYER,
+    (_HF + "qwen2.modeling_qwen2", "Qwen2DecoderLayer"): _DECODER_LAYER,
+    # Post-LN: LayerNorm(x + dropout(dense(h))); the dense output is the branch (dropout is linear).
+    (_HF + "bert.modeling_bert", "BertLayer"): ("attention.output.dense", "crossattention.output.dense", "output.dense"),
+    # transformers 5 names the sub-blocks attention and mlp; 4.x ends the MLP at output.dense.
+    (_HF + "vit.modeling_vit", "ViTLayer"): ("attention", "mlp", "output.dense"),
+    # Encoder blocks: self-attention, feed-forward; decoder blocks add cross-attention between them.
+    (_HF + "t5.modeling_t5", "T5Block"): ("layer.0.SelfAttention", "layer.1.EncDecAttention",
+                                          "layer.1.DenseReluDense", "layer.2.DenseReluDense"),
 }
 
 
@@ -205,10 +221,17 @@ def _known_branches(module: nn.Module) -> list[nn.Module] | None:
     if callable(getattr(module, "residual_branches", None)):
         return list(module.residual_branches())
     for cls in type(module).__mro__:
-        attrs = FOREIGN_BLOCKS.get((cls.__module__, cls.__name__))
-        if attrs is not None:
-            return [getattr(module, a) for a in attrs if isinstance(getattr(module, a, None), nn.Module)]
+        paths = FOREIGN_BLOCKS.get((cls.__module__, cls.__name__))
+        if paths is not None:
+            return [m for m in (_submodule(module, p) for p in paths) if m is not None]
     return None
+
+
+def _submodule(module: nn.Module, path: str) -> nn.Module | None:
+    """``module``'s submodule at a dotted path, or None where the path is absent or not a module."""
+    for part in path.split("."):
+        module = module._modules.get(part) if isinstance(module, nn.Module) else None
+    return module if isinstance(module, nn.Module) else None
 
 
 def _resolve(model: nn.Module, branches: Iterable[str | nn.Module]) -> list[str]:

@@ -2,7 +2,7 @@
 
 A layout is a string with one letter per tensor dimension (the "dimension numbers" of Optax's Muon):
 ``o`` fan_out (rows of the logical matrix), ``i`` fan_in (columns), ``b`` batch (independent matrices,
-e.g. per-head or per-expert stacks). Common cases (GEOMETRY.md, Notation):
+e.g. per-head or per-expert stacks). Common cases (docs/math.md §1.3):
 
 - ``nn.Linear.weight`` (out, in): ``"oi"``
 - ``nn.Embedding.weight`` (vocab, d): ``"io"``, since the logical matrix is its transpose (m = d, n = vocab)

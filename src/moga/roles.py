@@ -9,13 +9,15 @@ geometry, with param groups for the optimizers. Roles:
 - ``hidden``: every other matrix layer, including those in repeated blocks;
 - ``readout``: the last dense matrix layer outside repeated blocks (the head);
 - ``conv``: convolution kernels, as out x (in*kernel);
-- ``tied``: one tensor used as both embedding and head: only by override, since the two roles
-  disagree on orientation and scale;
-- ``vector``: biases, norm gains and any 0-D/1-D parameter.
+- ``tied``: one tensor used as both an embedding table and a dense layer (GPT-2's, LLaMA's or T5's
+  ``lm_head``, BERT's MLM decoder). It is updated in the head's orientation (vocab x d) with the tied
+  role's geometry, and the plan prints that choice and why on one line; an override still wins;
+- ``vector``: biases, norm gains, any 0-D/1-D parameter, and tensors with at most one axis longer
+  than 1 (ViT's ``cls_token`` of shape (1, 1, d)).
 
-Anything the rules cannot place (a weight tied between an embedding and a head, a 2-D or 3-D tensor on an
-unknown module) is an error that names the parameter and the override to write, never a silent guess.
-First and last are taken in registration order, or in call order when ``example_inputs`` are given.
+Anything the rules cannot place (a 2-D or 3-D tensor on an unknown module) is an error that names the
+parameter and the override to write, never a silent guess. First and last are taken in registration order,
+or in call order when ``example_inputs`` are given; a tied tensor counts at its first and at its last use.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class PlanEntry:
     update: str  # "lmo" (steepest descent) or "adam" (Adam's direction in place of sign(G))
     owner: str  # class name(s) of the owning module(s)
     aliases: tuple[str, ...] = ()
+    reason: str = ""  # why the rules chose this role and geometry, when it is not the obvious one
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -136,6 +139,7 @@ class RolePlan:
                 "name": e.name, "shape": list(e.shape), "role": e.role, "layout": e.layout,
                 "matrix": list(e.matrix_shape) if e.matrix_shape else None,
                 "geometry": e.geometry, "update": e.update, "owner": e.owner, "aliases": list(e.aliases),
+                "reason": e.reason,
             }
             for e in self.entries
         ]
@@ -154,8 +158,9 @@ class RolePlan:
             counts[e.role] = counts.get(e.role, 0) + e.param.numel()
         total = sum(counts.values())
         summary = ", ".join(f"{r} {n:,}" for r, n in counts.items())
+        notes = [f"note: {e.reason}" for e in self.entries if e.reason]
         return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, body),
-                          f"{len(self.entries)} tensors, {total:,} parameters ({summary})"])
+                          f"{len(self.entries)} tensors, {total:,} parameters ({summary})", *notes])
 
     __repr__ = __str__
 
@@ -179,6 +184,10 @@ def _usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[str, str | N
         return "linear", LINEAR  # in_proj_weight stacks q, k, v as rows of one (3E, E) matrix
     if type(module).__name__ == "Conv1D" and pname == "weight" and p.ndim == 2:
         return "linear", EMBEDDING  # Hugging Face's Conv1D stores (in, out) and computes x @ W
+    if sum(s > 1 for s in p.shape) <= 1:
+        return "vector", None  # a vector with singleton axes, e.g. a class token (1, 1, d)
+    if type(module).__name__.endswith("Embeddings") and pname == "position_embeddings" and p.ndim == 3:
+        return "embedding", "bio"  # Hugging Face vision models: a (1, positions, d) table added to the patches
     return None
 
 
@@ -276,6 +285,8 @@ def build_plan(
             continue  # decided below, whatever the modules say
         if len(usages) == 1:
             kinds[id(item.param)] = next(iter(usages))
+        elif _is_tie(usages):
+            kinds[id(item.param)] = ("tied", dict(usages)["linear"])  # the head's orientation
         elif not usages:
             owner = ", ".join(sorted({type(m).__name__ for _, m, _ in item.owners}))
             pending.append(PlanError(
@@ -292,18 +303,19 @@ def build_plan(
     if pending:
         raise pending[0]
 
-    # First and last dense layers outside repeated blocks are the input and the readout.
-    registered = {id(it.param): k for k, it in enumerate(params)}
+    # First and last dense layers outside repeated blocks are the input and the readout. A tied tensor is
+    # both: it is first by its table and last by its head, and then neither role goes to another layer.
+    if order is None:
+        order = {id(m): k for k, m in enumerate(model.modules())}
 
-    def position(item: _Param) -> int:
-        if order is None:
-            return registered[id(item.param)]
-        return min((order.get(id(m), 10**9) for _, m, _ in item.owners), default=10**9)
+    def positions(item: _Param) -> list[int]:
+        return [order.get(id(m), 10**9) for _, m, _ in item.owners] or [10**9]
 
-    matrices = sorted((it for it in params if kinds.get(id(it.param), ("vector",))[0] != "vector"), key=position)
+    matrices = [it for it in params if kinds.get(id(it.param), ("vector",))[0] != "vector"]
     edge: dict[int, str] = {}
     if matrices:
-        first, last = matrices[0], matrices[-1]
+        first = min(matrices, key=lambda it: min(positions(it)))
+        last = max(matrices, key=lambda it: max(positions(it)))
         outside = lambda it: not any(_in_repeated_block(model, n) for n, _, _ in it.owners)  # noqa: E731
         if kinds[id(last.param)][0] == "linear" and outside(last):
             edge[id(last.param)] = "readout"
@@ -315,18 +327,39 @@ def build_plan(
         override = matched[id(item.param)]
         kind, layout = kinds.get(id(item.param), (None, None))
         role = override.get("role") or {
-            "vector": "vector", "embedding": "embedding", "conv": "conv",
+            "vector": "vector", "embedding": "embedding", "conv": "conv", "tied": "tied",
         }.get(kind) or edge.get(id(item.param), "hidden")
         layout = override.get("layout", layout if kind != "vector" else None)
         if override.get("role"):
             layout = override.get("layout") or _layout_for_role(item, role)
         spec = override.get("geometry") or geoms[role]
-        entries.append(_entry(item, role, layout, spec))
+        entry = _entry(item, role, layout, spec)
+        if kind == "tied" and not override.get("role"):
+            entry.reason = _tie_reason(item, entry, override)
+        entries.append(entry)
     missing = set(rules) - used_rules
     if missing:
         names = [n for it in params for n in it.names][:8]
         raise PlanError(f"override pattern(s) {sorted(missing)} match no parameter; names look like {names}")
     return RolePlan(entries)
+
+
+def _is_tie(usages: set[tuple[str, str | None]]) -> bool:
+    """One tensor read as a table by embeddings and as a matrix by dense layers, all in one orientation."""
+    kinds = [k for k, _ in usages]
+    return sorted(set(kinds)) == ["embedding", "linear"] and kinds.count("linear") == 1
+
+
+def _tie_reason(item: _Param, entry: PlanEntry, override: dict) -> str:
+    def uses(kind):
+        return ", ".join(f"{n} ({type(m).__name__})" for n, m, p in item.owners
+                         if (_usage(m, p, item.param) or ("",))[0] == kind)
+
+    m, n = entry.matrix_shape
+    source = "the override's" if override.get("geometry") else "the 'tied' role's"
+    return (f"{entry.name}: shared by the table {uses('embedding')} and the head {uses('linear')}, so one update "
+            f"serves both: role 'tied', {source} geometry {entry.geometry} in the head's orientation ({m}x{n}), "
+            f"where it bounds the change of the logits; override with {{{entry.name!r}: 'embedding'}} or 'readout'")
 
 
 def _usages(item: _Param) -> set[tuple[str, str | None]]:

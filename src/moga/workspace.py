@@ -23,9 +23,6 @@ class Workspace:
             self._buffers[key] = buf
         return buf[: t.numel()].view(t.shape)
 
-    def clear(self) -> None:
-        self._buffers.clear()
-
 
 def scratch(workspace: Workspace | None, t: torch.Tensor, slot: int) -> torch.Tensor:
     return torch.empty_like(t, memory_format=torch.contiguous_format) if workspace is None else workspace.like(t, slot)

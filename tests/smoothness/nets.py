@@ -31,7 +31,7 @@ class MixedNet(nn.Module):
         return self.head(h.mean(1))
 
 
-# Every row of GEOMETRY.md's table on some parameter (biases keep the default adam:vector = l_inf).
+# Every row of docs/math.md §2's table on some parameter (biases keep the default adam:vector = l_inf).
 MIXED_OVERRIDES = {
     "experts": {"role": "hidden", "layout": "boi", "geometry": "spectral(method=svd)"},
     "conv.weight": {"geometry": "col(q=2)"},

@@ -13,11 +13,11 @@ import numpy as np
 from .cifar import load_image_tree, read_cifar_pickles
 from .dataset import STANDARD_STATS, ImageBatches, ImageDataset, Split, build_image_dataset, split_train_val
 from .idx import read_idx_pair
-from .paths import DEV_DATA_DIR, resolve_path
+from .paths import dataset_candidates, resolve_path
 
 __all__ = ["FASHION_MNIST_DIR", "IMAGE_DATASETS", "STANDARD_STATS", "ImageBatches", "ImageDataset", "Split",
            "build_image_dataset", "load_cifar10", "load_cifar100", "load_digits", "load_fashion_mnist",
-           "load_image_dataset", "split_train_val"]
+           "load_image_dataset", "locate_image_data", "split_train_val"]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -51,10 +51,28 @@ _FASHION_MNIST_HINT = (
     "or put the four files in a directory and pass it as root (or set $MOGA_FASHION_MNIST).")
 
 
+_CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+
+
+def locate_image_data(name: str, root: str | Path | None = None) -> Path:
+    """Where the files of ``name`` (fashion-mnist, cifar10, cifar100) are, searched as moga.data.paths
+    describes; FileNotFoundError says how to get them."""
+    if name == "fashion-mnist":
+        return resolve_path(root, "MOGA_FASHION_MNIST", dataset_candidates("fashion-mnist") + [FASHION_MNIST_DIR],
+                            _FASHION_MNIST_HINT)
+    folder = _CIFAR_FOLDERS[name]
+    env_var = f"MOGA_{name.upper()}"
+    hint = (f"Pass root: a directory holding {folder}/ (the official python version, extracted), "
+            f"or a folder or tar(.gz) of train/<class>/*.jpg and test/<class>/*.jpg; or set ${env_var} "
+            "(or $MOGA_DATA to a directory holding it).")
+    names = (folder, "cifar10-jpeg.tar.gz") if name == "cifar10" else (folder,)
+    return resolve_path(root, env_var, dataset_candidates(*names), hint)
+
+
 def load_fashion_mnist(root: str | Path | None = None, *, val_size: int | float = 5000, split_seed: int = 0,
                        normalize="train", flatten: bool = False, augment: bool = False) -> ImageDataset:
     """Fashion-MNIST (60k train, 10k test, 28x28 grayscale) from IDX files in root."""
-    directory = resolve_path(root, "MOGA_FASHION_MNIST", [FASHION_MNIST_DIR], _FASHION_MNIST_HINT)
+    directory = locate_image_data("fashion-mnist", root)
     try:
         train_x, train_y = read_idx_pair(directory, "train", (28, 28), 10)
         test_x, test_y = read_idx_pair(directory, "t10k", (28, 28), 10)
@@ -67,12 +85,9 @@ def load_fashion_mnist(root: str | Path | None = None, *, val_size: int | float 
 
 def _load_cifar(name: str, root, *, val_size, split_seed, normalize, flatten, augment,
                 limit_per_class, cache, cache_dir) -> ImageDataset:
-    num_classes, env_var = (10, "MOGA_CIFAR10") if name == "cifar10" else (100, "MOGA_CIFAR100")
-    folder = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
-    hint = (f"Pass root: a directory holding {folder}/ (the official python version, extracted), "
-            f"or a folder or tar(.gz) of train/<class>/*.jpg and test/<class>/*.jpg; or set ${env_var}.")
-    defaults = [DEV_DATA_DIR / "cifar10-jpeg.tar.gz"] if name == "cifar10" else []
-    path = resolve_path(root, env_var, defaults, hint)
+    num_classes = 10 if name == "cifar10" else 100
+    folder = _CIFAR_FOLDERS[name]
+    path = locate_image_data(name, root)
     first_batch = "data_batch_1" if name == "cifar10" else "train"
     if path.is_dir() and ((path / first_batch).is_file() or (path / folder).is_dir()):
         splits, classes = read_cifar_pickles(path, name)
@@ -95,7 +110,7 @@ def load_cifar10(root: str | Path | None = None, *, val_size: int | float = 5000
 
     root: a directory with `cifar-10-batches-py/` (pickle batches), or a folder or tar(.gz) of
     `<split>/<class>/*.jpg` (decoded once and cached in cache_dir; class index = sorted class
-    name). Default: $MOGA_CIFAR10, else this project's development copy. `limit_per_class` keeps
+    name). Default: $MOGA_CIFAR10, else $MOGA_DATA or the user data folder (moga.data.paths). `limit_per_class` keeps
     the first images of each class per split (for quick tests).
     """
     return _load_cifar("cifar10", root, val_size=val_size, split_seed=split_seed, normalize=normalize,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .paths import DEV_DATA_DIR, resolve_path
+from .paths import dataset_candidates, resolve_path
 from .tokenizers import GPT2_VOCAB_SIZE, get_tokenizer, tokenizer_from_meta, tokenizer_kind
 
 TOKEN_DTYPE = np.uint16  # nanoGPT's choice: every vocabulary used here fits in 16 bits
@@ -27,9 +27,10 @@ SPLITS = ("train", "val")
 # ---- corpus ---------------------------------------------------------------------------------
 
 def default_corpora() -> list[Path]:
-    """Fallback texts, in order: this project's development copy of tiny Shakespeare, then
-    gensim's lee_background.cor when gensim is installed (located without importing it)."""
-    candidates = [DEV_DATA_DIR / "tinyshakespeare.txt"]
+    """Fallback texts, in order: tiny Shakespeare in $MOGA_DATA or the user data folder (``moga data fetch
+    shakespeare`` puts it there), then gensim's lee_background.cor when gensim is installed (located
+    without importing it)."""
+    candidates = dataset_candidates("tinyshakespeare.txt")
     spec = importlib.util.find_spec("gensim")
     for location in (spec.submodule_search_locations or []) if spec else []:
         candidates.append(Path(location) / "test" / "test_data" / "lee_background.cor")
@@ -38,8 +39,9 @@ def default_corpora() -> list[Path]:
 
 def resolve_text_corpus(path: str | Path | None = None) -> Path:
     """The text to train on: `path`, else $MOGA_TEXT, else the first of `default_corpora()`."""
-    hint = ("Pass any UTF-8 text file (or set $MOGA_TEXT to one); pip install gensim also provides "
-            "a small English corpus (lee_background.cor) that is found automatically.")
+    hint = ("Pass any UTF-8 text file (or set $MOGA_TEXT to one); `moga data fetch shakespeare` downloads tiny "
+            "Shakespeare where a network exists; pip install gensim also provides a small English corpus "
+            "(lee_background.cor) that is found automatically.")
     found = resolve_path(path, "MOGA_TEXT", default_corpora(), hint)
     if not found.is_file():
         raise FileNotFoundError(f"{found} is not a file. {hint}")

@@ -1,7 +1,7 @@
 """The convergence paper's networks: ``f(x) = s(w_L s(... s(w_1 x)))``, no biases, smooth activations.
 
 ``depth`` is L, the number of weight matrices (the paper's L-layer net, whose smoothness polynomial has
-degree 2L - 2; GEOMETRY.md, "Generalized smoothness"). The last activation ``s_L`` defaults to the
+degree 2L - 2; docs/math.md §6.1). The last activation ``s_L`` defaults to the
 identity (the paper allows a linear ``s_L``; its CIFAR-10 runs feed logits to cross-entropy); pass
 ``output_activation=activation`` for the formula with ``s`` on every layer. Outputs are ``(batch,
 out_features)``; images are flattened. Layers keep PyTorch's default init.

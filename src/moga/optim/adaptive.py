@@ -1,4 +1,4 @@
-"""The convergence paper's adaptive step for gradient descent (GEOMETRY.md, "Generalized smoothness").
+"""The convergence paper's adaptive step for gradient descent (docs/math.md §6).
 
     eta_t = alpha * ||W_0||^(2L-2) / ((1 + Loss(W_t)^(1/2)) * sum_{j=0}^{2L-2} ||W_t||^j)
 

@@ -1,8 +1,7 @@
 """Lipschitz and smoothness constants of a loss in the block norm of an optimizer's geometry.
 
-The papers explain learning-rate transfer by these two numbers (GEOMETRY.md, "Measuring Lipschitz and
-smoothness constants"): the depth paper says both stay bounded as depth K grows with ``alpha = K_base/K``,
-the width paper that smoothness is width-independent in row and column geometries but can grow like
+The papers explain learning-rate transfer by these two numbers (docs/math.md §5): the depth paper says
+both stay bounded as depth K grows with ``alpha = K_base/K``, the width paper that smoothness is width-independent in row and column geometries but can grow like
 ``sqrt(width)`` in Muon's. Unlike Euclidean tools (PyHessian), everything here is measured in the
 parameter-space norm the optimizer steps in:
 

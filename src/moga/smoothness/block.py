@@ -1,7 +1,7 @@
 """The block norm of a geometry plan: every parameter in its own geometry, tied together by a max.
 
-``||W||_block = max_k ||W_k||_k`` and its dual ``||G||_block,* = sum_k ||G_k||_k*`` (GEOMETRY.md, last note
-of the table). The block LMO is every parameter's own LMO together: the block ball is a product of balls,
+``||W||_block = max_k ||W_k||_k`` and its dual ``||G||_block,* = sum_k ||G_k||_k*`` (docs/math.md §1.5).
+The block LMO is every parameter's own LMO together: the block ball is a product of balls,
 so ``<G, D>`` is minimised over it one factor at a time. Tensors travel as lists in the order of
 ``block.entries`` (``block.params``), the order every function of this package expects.
 """

@@ -1,6 +1,6 @@
 """Lipschitz and smoothness constants of the loss at one point, in the block norm and in l2.
 
-GEOMETRY.md, "Measuring Lipschitz and smoothness constants":
+docs/math.md §5.1-5.3:
 
 - Lipschitz constant ``sup_{||U||_block <= 1} <grad, U> = ||grad||_block,*``: exact, attained at
   ``U = -lmo(grad)``.

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from moga.sweep.executor import EXECUTORS
+from moga.status import Status
 
 
 def sweep(
@@ -62,6 +63,6 @@ def sweep(
         raise typer.Exit(2) from None
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "seconds")
     console.print(f"done in {counts['seconds']} s: {summary}")
-    if counts.get("failed"):
+    if counts.get(Status.FAILED):
         console.print(f"[yellow]{counts['failed']} cell(s) failed; see `moga sweep status {out}` "
                       "and their errors in the store; --retry-failed runs them again[/yellow]")

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from moga.sweep.spec import Sweep
-from moga.sweep.store import DONE, SweepStore
+from moga.status import DONE, Status
+from moga.sweep.store import SweepStore
 
 EXECUTORS = ("local", "ray")
 
@@ -55,7 +56,7 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, executor: str = "
     store = SweepStore(sweep_dir)
     store.create_or_check(sweep)
     if retry_failed:
-        store.requeue(("failed",))
+        store.requeue((Status.FAILED,))
     start = time.time()
     if executor == "ray":
         run_ray_workers(sweep_dir, workers, ray_address)

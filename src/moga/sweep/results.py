@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from moga.sweep.store import DONE, SweepStore
+from moga.status import DONE, Status
+from moga.sweep.store import SweepStore
 
 METRICS = ("final_train_loss", "train_eval_loss", "val_loss", "val_acc", "train_eval_acc", "steps", "wall_time_s")
 
@@ -22,7 +23,7 @@ def records(store: SweepStore) -> list[dict]:
                 rec[key] = result[key]
         # The papers' training loss is the final-epoch training loss (moga.train.engine).
         rec["train_loss"] = result.get("final_train_loss", math.inf)
-        if cell["status"] != "finished":
+        if cell["status"] != Status.FINISHED:
             rec["train_loss"] = math.inf
             rec["val_loss"] = math.inf
         out.append(rec)
@@ -60,7 +61,7 @@ def _mark(cell: dict | None, metric: str) -> str:
     if cell is None:
         return ""
     status = cell["status"]
-    if status == "finished":
+    if status == Status.FINISHED:
         value = (cell["result"] or {}).get(metric)
         return f"{value:.4g}" if isinstance(value, (int, float)) else "done"
-    return {"diverged": "div", "skipped": "skip", "running": "run", "pending": "·", "failed": "FAIL"}[status]
+    return {Status.DIVERGED: "div", Status.SKIPPED: "skip", Status.RUNNING: "run", Status.PENDING: "·", Status.FAILED: "FAIL"}[status]

@@ -20,10 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from moga.sweep.spec import Sweep, SweepError, cell_id
+from moga.status import DONE, Status
 
 DB_NAME = "sweep.db"
-DONE = ("finished", "diverged", "skipped")
-STATUSES = ("pending", "running", "failed", *DONE)
+STATUSES = tuple(Status)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -158,7 +158,7 @@ class SweepStore:
 
     def finish(self, cell: str, owner: str, status: str, result: dict | None = None, error: str | None = None) -> bool:
         """Record the outcome once; a stale owner (whose claim was retaken) records nothing."""
-        if status not in STATUSES or status in ("pending", "running"):
+        if status not in STATUSES or status in (Status.PENDING, Status.RUNNING):
             raise ValueError(f"cannot finish a cell with status {status!r}")
         now = time.time()
         with self._write() as con:
@@ -180,7 +180,7 @@ class SweepStore:
                             (cell, owner, time.time()))
             return cur.rowcount == 1
 
-    def requeue(self, statuses=("failed",)) -> int:
+    def requeue(self, statuses=(Status.FAILED,)) -> int:
         with self._write() as con:
             marks = ",".join("?" * len(statuses))
             cur = con.execute(f"UPDATE cells SET status = 'pending', owner = NULL WHERE status IN ({marks})", statuses)

@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from moga.sweep.spec import Sweep, SweepSpec
-from moga.sweep.store import DONE, SweepStore, new_owner
+from moga.status import DONE, Status
+from moga.sweep.store import SweepStore, new_owner
 
 HEARTBEAT_SECONDS = 2.0
 IDLE_POLL_SECONDS = 1.0
@@ -63,7 +64,7 @@ def smaller_lr_diverged(store: SweepStore, sweep: Sweep, params: dict) -> bool:
     lr_key = sweep.spec.lr_key
     row = {k: v for k, v in params.items() if k != lr_key}
     return any(
-        c["status"] == "diverged" and c["params"][lr_key] < params[lr_key]
+        c["status"] == Status.DIVERGED and c["params"][lr_key] < params[lr_key]
         and {k: v for k, v in c["params"].items() if k != lr_key} == row
         for c in store.cells()
     )
@@ -92,7 +93,7 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
         claim = store.claim(owner, sweep.spec.heartbeat_timeout)
         if claim is None:
             counts = store.counts()
-            if counts["pending"] == 0 and counts["running"] == 0:
+            if counts[Status.PENDING] == 0 and counts[Status.RUNNING] == 0:
                 return settled
             time.sleep(IDLE_POLL_SECONDS)  # others are running; their cells may still come back
             continue
@@ -102,18 +103,18 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
         try:
             with run_dir_lock(store.cell_dir(cid)):
                 if sweep.spec.early_stop_diverged and smaller_lr_diverged(store, sweep, params):
-                    result = {"status": "skipped", "reason": "a smaller learning rate of this row diverged",
+                    result = {"status": Status.SKIPPED, "reason": "a smaller learning rate of this row diverged",
                               "train_loss": float("inf")}
                 else:
                     result = train_cell(sweep.config(params), store.cell_dir(cid))
-            status = result.get("status", "finished")
+            status = result.get("status", Status.FINISHED)
             if status in DONE:
                 store.finish(cid, owner, status, result)
             else:  # stopped early (SIGTERM): the checkpoint is there, the cell resumes later
                 store.release(cid, owner)
                 return settled
         except Exception:  # a crash of one run is recorded, and the sweep goes on
-            store.finish(cid, owner, "failed", error=traceback.format_exc(limit=20))
+            store.finish(cid, owner, Status.FAILED, error=traceback.format_exc(limit=20))
         finally:
             beat.done.set()
         settled += 1

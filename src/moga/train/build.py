@@ -16,12 +16,9 @@ import torch
 from torch import nn
 
 from moga.depth import residual_alpha, scale_residual_branches
-from moga.optim import MOGA, Muon, ScaledAdamW
-from moga.optim.adaptive import AdaptiveGD
+from moga.optim.registry import OPTIMIZERS
 
-from .config import _OPTIM_KEYS, ConfigError, RunConfig
-
-DEFAULT_LR = {"adamw": 1e-3, "sgd": 1e-2, "adaptive-gd": 1.0}  # the others take their class default
+from .config import ConfigError, RunConfig
 
 
 # --- model ---------------------------------------------------------------------------------------
@@ -98,30 +95,18 @@ def count_layers(model: nn.Module) -> int:
     return n
 
 
-def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """nanoGPT's split: matrices decay, vectors (biases, norm gains) do not."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-
-
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     o = cfg.optim
-    kw = {k: getattr(o, k) for k in _OPTIM_KEYS[o.name] if getattr(o, k) is not None}
-    kw.pop("layers", None)
-    lr = o.lr if o.lr is not None else DEFAULT_LR.get(o.name)
+    entry = OPTIMIZERS[o.name]
+    kw = {k: getattr(o, k) for k in entry.keys if getattr(o, k) is not None}
+    lr = o.lr if o.lr is not None else entry.default_lr
     if lr is not None:
         kw["lr"] = lr
-    if o.name in ("moga", "muon", "adamw-scaled"):
+    if "betas" in kw:
+        kw["betas"] = tuple(kw["betas"])
+    if "overrides" in entry.keys:  # the model's own overrides (e.g. a tied head), then the config's
         own = model.plan_overrides() if callable(getattr(model, "plan_overrides", None)) else {}
-        overrides = {**own, **kw.pop("overrides", {})}
-        if "betas" in kw:
-            kw["betas"] = tuple(kw["betas"])
-        cls = {"moga": MOGA, "muon": Muon, "adamw-scaled": ScaledAdamW}[o.name]
-        return cls(model, weight_decay=o.weight_decay, overrides=overrides or None, **kw)
-    if o.name == "adamw":
-        return torch.optim.AdamW(decay_groups(model, o.weight_decay), **kw)
-    if o.name == "sgd":
-        return torch.optim.SGD(decay_groups(model, o.weight_decay), **kw)
-    layers = o.layers or count_layers(model)
-    return AdaptiveGD(model.parameters(), alpha=kw["lr"], layers=layers)
+        kw["overrides"] = {**own, **kw.pop("overrides", {})} or None
+    if "layers" in entry.keys and "layers" not in kw:
+        kw["layers"] = count_layers(model)
+    return entry.build(model, weight_decay=o.weight_decay, **kw)

@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS
+
 
 class ConfigError(ValueError):
     """A config that cannot run: unknown key, wrong type, or values that contradict each other."""
@@ -114,24 +116,13 @@ class DataConfig(_Section):
         return self
 
 
-OPTIMIZERS = ("moga", "muon", "adamw", "adamw-scaled", "sgd", "adaptive-gd")
-_OPTIM_KEYS = {  # the optional keys each optimizer reads; setting another is an error
-    "moga": {"momentum", "nesterov", "betas", "eps", "p", "embedding_q", "vectors", "overrides", "nonfinite"},
-    "muon": {"momentum", "nesterov", "betas", "eps", "embedding_q", "vectors", "scale", "ns_steps", "ns_dtype",
-             "overrides", "nonfinite"},
-    "adamw": {"betas", "eps"},
-    "adamw-scaled": {"betas", "eps", "overrides", "nonfinite"},
-    "sgd": {"momentum", "nesterov"},
-    "adaptive-gd": {"layers"},
-}
-
-
-STEP_RULE_OPTIMIZERS = ("moga", "muon", "adamw-scaled")  # the geometry optimizers, whose steps are lr x unit
+# The keys some optimizer reads; each optimizer's own set is in moga.optim.registry.
+_OPTIONAL_OPTIM_KEYS = frozenset().union(*(e.keys for e in OPTIMIZERS.values()))
 
 
 class OptimConfig(_Section):
-    name: Literal["moga", "muon", "adamw", "adamw-scaled", "sgd", "adaptive-gd"] = Field(
-        "moga", description="moga, muon, adamw (torch.optim.AdamW), adamw-scaled, sgd, adaptive-gd")
+    name: Literal[OPTIMIZER_NAMES] = Field(  # type: ignore[valid-type]
+        "moga", description=", ".join(f"{e.name} ({e.description})" for e in OPTIMIZERS.values()))
     lr: float | None = Field(None, ge=0, description="peak learning rate (adaptive-gd: its alpha); "
                              "default: the optimizer's")
     weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay (sgd: L2)")
@@ -161,12 +152,12 @@ class OptimConfig(_Section):
 
     @model_validator(mode="after")
     def _keys_fit_optimizer(self):
-        optional = set().union(*_OPTIM_KEYS.values())
-        bad = sorted((optional - _OPTIM_KEYS[self.name]) & {k for k in self.model_fields_set
+        keys = OPTIMIZERS[self.name].keys
+        bad = sorted((_OPTIONAL_OPTIM_KEYS - keys) & {k for k in self.model_fields_set
                                                             if getattr(self, k) is not None})
         if bad:
             raise ValueError(f"{_keys(bad)} to optimizer {self.name}; it reads "
-                             f"{', '.join(sorted(_OPTIM_KEYS[self.name])) or 'no optional keys'}")
+                             f"{', '.join(sorted(keys)) or 'no optional keys'}")
         if self.name == "adaptive-gd" and self.weight_decay:
             raise ValueError("adaptive-gd is plain gradient descent: weight_decay must be 0")
         if self.step_rule == "lr":
@@ -174,9 +165,9 @@ class OptimConfig(_Section):
                          if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
             if rule_keys:
                 raise ValueError(f"{_keys(rule_keys)} to step_rule 'lr' (set optim.step_rule=depth_paper)")
-        elif self.name not in STEP_RULE_OPTIMIZERS:
+        elif self.name not in UNIT_STEP_OPTIMIZERS:
             raise ValueError(f"step_rule depth_paper needs unit steps in a norm: optimizer "
-                             f"{', '.join(STEP_RULE_OPTIMIZERS)}, not {self.name}")
+                             f"{', '.join(UNIT_STEP_OPTIMIZERS)}, not {self.name}")
         return self
 
 
@@ -396,8 +387,9 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
     return data
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
-             "train": TrainSection, "eval": EvalConfig, "checkpoint": CheckpointConfig, "logging": LoggingConfig}
+# section name -> its model class, e.g. "optim" -> OptimConfig
+_SECTIONS = {name: f.annotation for name, f in RunConfig.model_fields.items()
+             if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
 
 
 def valid_keys(section: str | None) -> list[str]:

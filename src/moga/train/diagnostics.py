@@ -14,7 +14,7 @@ BatchNorm statistic moves and ``.grad`` is left alone (a test checks the traject
   Frobenius norm of all its weights (the convergence paper's ``||W_t||``). Plot with
   ``moga smoothness diagnostics RUN_DIR`` (:func:`moga.experiments.smoothness.plots.plot_diagnostics`).
 - ``optim.step_rule = "depth_paper"``: ``lr_t = min(schedule lr, ||G_t||_block,* / L_t)`` with ``G_t`` the
-  step's gradient (GEOMETRY.md, "Measuring": ``eta* = ||grad||_* / L``): the schedule's lr (``optim.lr``
+  step's gradient (docs/math.md §5.5: ``eta* = ||grad||_* / L``): the schedule's lr (``optim.lr``
   times its factor) is a cap. ``L_t`` is ``optim.smoothness`` when it is a number, else a running estimate of
   the block trajectory smoothness, measured every ``optim.smoothness_every`` steps: ``"max"``, the largest
   seen, or ``"ema"``, an exponential average (beta 0.9). Before the first step it is the smoothness along the
@@ -41,7 +41,7 @@ EMA_BETA = 0.9
 
 
 class StepInstruments:
-    """``before_step`` (after backward and clipping) and ``after_step`` (after ``optimizer.step()``)."""
+    """``lr_scale`` and ``before_step`` (after backward and clipping), ``after_step`` (after ``optimizer.step()``)."""
 
     def __init__(self, cfg, model, optimizer, task, device):
         self.every = cfg.logging.diagnostics_every
@@ -82,31 +82,30 @@ class StepInstruments:
 
     # --- around the step -------------------------------------------------------------------------------
 
+    def lr_scale(self, step: int, lr: float) -> float:
+        """The step rule's factor on this step's schedule ``lr`` (1 without a rule): ``min(1, ||G||_*/(L lr))``,
+        so that ``lr x factor = min(lr, ||G||_*/L)``. The engine folds it into the schedule's factor and writes
+        every group's lr once."""
+        if not self.rule:
+            return 1.0
+        if self.fixed_L is None and self.running.value is None:
+            self.running.update(self._trial_smoothness())
+        dual = self.block.dual_norm(self.block.grads())
+        L = self.fixed_L if self.fixed_L is not None else self.running.value
+        self.info = {"grad_dual_norm": dual, "smoothness_L": L if L is not None else math.nan}
+        if L and lr > 0 and math.isfinite(dual):
+            return min(1.0, dual / L / lr)
+        return 1.0
+
     def before_step(self, step: int) -> None:
-        """``step`` is the number of steps taken so far; the lrs are this step's schedule lrs."""
+        """``step`` is the number of steps taken so far; call it after the lrs of this step are set."""
         if not self.active:
             return
         self._diagnose = bool(self.every) and ((step + 1) % self.every == 0 or step == 0)
         self._measure = self.rule and self.fixed_L is None and step % self.L_every == 0
-        if self.rule:
-            if self.fixed_L is None and self.running.value is None:
-                self.running.update(self._trial_smoothness())
-            self._apply_rule()
         self._before = self._probe() if self._diagnose or self._measure else None
         if self._diagnose:
             self._train_duals = self.block.dual_norms(self.block.grads())
-
-    def _apply_rule(self) -> None:
-        grads = self.block.grads()
-        dual = self.block.dual_norm(grads)
-        L = self.fixed_L if self.fixed_L is not None else self.running.value
-        cap = float(self.optimizer.param_groups[0]["lr"])
-        scale = 1.0
-        if L and cap > 0 and math.isfinite(dual):
-            scale = min(1.0, dual / L / cap)
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["lr"] * scale
-        self.info = {"grad_dual_norm": dual, "smoothness_L": L if L is not None else math.nan}
 
     @torch.no_grad()
     def _trial_smoothness(self) -> float:

@@ -79,10 +79,6 @@ def all_sum(d: Dist, values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def all_mean(d: Dist, value: float) -> float:
-    return all_sum(d, [value])[0] / d.world
-
-
 def gather_objects(d: Dist, obj):
     """A list with every rank's obj (on every rank)."""
     if not d.active:
@@ -90,14 +86,6 @@ def gather_objects(d: Dist, obj):
     out = [None] * d.world
     dist.all_gather_object(out, obj)
     return out
-
-
-def broadcast_object(d: Dist, obj):
-    if not d.active:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def barrier(d: Dist) -> None:

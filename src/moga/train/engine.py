@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from moga.data import derive_seed
+from moga.status import Status
 
 from . import distributed
 from .build import build_model, build_optimizer
@@ -43,7 +44,7 @@ from .schedule import build_schedule
 from .tasks import build_task
 
 CHECKPOINT, RESULT, CONFIG, METRICS, PLAN = "checkpoint.pt", "result.json", "config.yaml", "metrics.jsonl", "plan.txt"
-FINISHED, DIVERGED, STOPPED = "finished", "diverged", "stopped"
+FINISHED, DIVERGED, STOPPED = Status.FINISHED, Status.DIVERGED, Status.STOPPED
 
 
 def run(config: RunConfig | dict | str | Path, run_dir: str | Path, *, stop_at: int | None = None,
@@ -241,9 +242,6 @@ class Trainer:
         if stop_at is not None and self.step >= stop_at and self.step < self.total:
             return self._stopped()
         while self.step < self.total:
-            lr_factor = self.schedule.factor(self.step)
-            for group in self.optimizer.param_groups:
-                group["lr"] = group["initial_lr"] * lr_factor
             local_loss = self._forward_backward()
             summed_loss, stop_votes = distributed.all_sum(d, [local_loss, float(flag.set)])
             loss = summed_loss / d.world
@@ -252,7 +250,12 @@ class Trainer:
                 return self._diverged(loss)
             if cfg.train.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
-            self.instruments.before_step(self.step)  # the step rule's lr; diagnostics' first probe
+            # The schedule is the one writer of the lr; the step rule (if any) is a factor on it.
+            lr_factor = self.schedule.factor(self.step)
+            lr_factor *= self.instruments.lr_scale(self.step, self.optimizer.param_groups[0]["initial_lr"] * lr_factor)
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * lr_factor
+            self.instruments.before_step(self.step)  # diagnostics' first probe
             if getattr(self.optimizer, "needs_loss", False):
                 self.optimizer.step(loss=loss)
             else:

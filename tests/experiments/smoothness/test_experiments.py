@@ -124,7 +124,7 @@ def test_example_configs_build():
     from moga.train import load_config
     from moga.train.build import build_model, build_optimizer
 
-    paths = sorted((Path(__file__).resolve().parents[2] / "configs" / "smoothness").glob("*.yaml"))
+    paths = sorted((Path(__file__).resolve().parents[3] / "configs" / "smoothness").glob("*.yaml"))
     assert paths
     for path in paths:
         cfg = load_config(path)

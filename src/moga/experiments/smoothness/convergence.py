@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from moga.experiments.smoothness.report import fmt, held, spearman, table, write_outputs
+from moga.status import Status
 
 GROWTH_THRESHOLD = 0.01  # ||W|| must grow by more than 1% over the long run's second half
 LOSS_CEILING = 50.0  # cross-entropy starts near log(10) = 2.3: a loss of 50 is a diverged run
@@ -40,14 +41,11 @@ LOSS_CEILING = 50.0  # cross-entropy starts near log(10) = 2.3: a loss of 50 is 
 
 def _available(data: str) -> bool:
     """Whether the data set's files are here (Fashion-MNIST and CIFAR-10 are optional installs)."""
-    from moga.data.images import FASHION_MNIST_DIR
-    from moga.data.paths import DEV_DATA_DIR, resolve_path
+    from moga.data.images import locate_image_data
 
     try:
-        if data == "fashion-mnist":
-            resolve_path(None, "MOGA_FASHION_MNIST", [FASHION_MNIST_DIR], "")
-        elif data == "cifar10":
-            resolve_path(None, "MOGA_CIFAR10", [DEV_DATA_DIR / "cifar10-jpeg.tar.gz"], "")
+        if data in ("fashion-mnist", "cifar10"):
+            locate_image_data(data)
     except FileNotFoundError:
         return False
     return True
@@ -183,7 +181,7 @@ def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[
                 c = _run({**base, "name": f"shared-L{L}-{data}-constant-{lr:.3g}", "optim": {"name": "sgd", "lr": lr}},
                          out, log)
                 tried.append({"lr": lr, "status": c["status"], "steps": c["steps"]})
-                if c["status"] != "diverged":
+                if c["status"] != Status.DIVERGED:
                     break
             c["tried"] = tried
             shared["adaptive"].append({"L": L, **a})

@@ -21,6 +21,7 @@ from moga.sweep.report.metrics import GROUP_KEYS, analyze, select_scale
 from moga.sweep.report.summary import PanelSummary
 from moga.sweep.report.render import to_html, to_markdown
 from moga.sweep.report.schema import METRICS, SweepRecord, parse_records
+from moga.status import Status
 
 
 def write_report(records: Iterable[SweepRecord | Mapping], out_dir: str | Path, scale_key: str | None = None,
@@ -45,7 +46,7 @@ def analyze_metrics(records: Sequence[SweepRecord], metrics: Sequence[str] = MET
     scale_key = records[0].scale_key
     return {
         m: analyze(records, scale_key, m, group_keys, **analyze_options)
-        for m in metrics if any(r.status == "finished" and r.get(m) is not None for r in records)
+        for m in metrics if any(r.status == Status.FINISHED and r.get(m) is not None for r in records)
     }
 
 

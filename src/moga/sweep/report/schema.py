@@ -30,7 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-DIVERGED_STATUSES = ("diverged", "skipped")
+from moga.status import DIVERGED_LIKE, Status
+
 METRICS = ("train_loss", "val_loss")
 ALIASES = {"optim.name": "optimizer", "model.depth_scaling": "scaling", "optim.lr": "lr"}
 # Tried in order when neither ``scale`` nor a ``scale_key`` says where the scale is.
@@ -49,7 +50,7 @@ class SweepRecord(BaseModel):
     scale: int | float = Field(gt=0, description="the model's depth or width; one curve per value")
     lr: float = Field(gt=0, description="learning rate; the x axis, on a log2 scale")
     seed: int = Field(0, description="seed of the run; seeds of one (scale, lr) are aggregated")
-    status: str = Field("finished", description="finished, diverged, skipped (counted as diverged), or missing")
+    status: str = Field(Status.FINISHED.value, description="finished, diverged, skipped (counted as diverged), or missing")
     train_loss: float | None = Field(None, description="final training loss")
     val_loss: float | None = Field(None, description="final validation loss")
     val_acc: float | None = Field(None, description="final validation accuracy (listed, not analysed)")
@@ -61,11 +62,11 @@ class SweepRecord(BaseModel):
 
     @property
     def diverged(self) -> bool:
-        return self.status in DIVERGED_STATUSES
+        return self.status in DIVERGED_LIKE
 
     @property
     def missing(self) -> bool:
-        return self.status != "finished" and not self.diverged
+        return self.status != Status.FINISHED and not self.diverged
 
     def loss(self, metric: str) -> float | None:
         """``inf`` when diverged, None when missing, else the recorded value."""

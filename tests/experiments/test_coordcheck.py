@@ -1,0 +1,72 @@
+"""The coordinate check: the width-blind control blows up where MOGA stays flat, and the numbers it plots
+are the ones a direct computation gives."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moga.experiments.coordcheck import coordcheck, figure, residual_mlp, run_one, slope
+from moga.optim import MOGA
+
+
+def test_control_blows_up_and_moga_stays_flat_on_a_residual_mlp():
+    records, found = coordcheck("residual_mlp", ["moga", "adamw"], widths=(64, 128, 256, 512), steps=2)
+    verdict = {(v.optimizer, v.layer): v for v in found}
+    layers = ["input", "blocks.0.branch.fc1", "blocks.0.branch.fc2", "blocks.1.branch.fc1", "blocks.1.branch.fc2",
+              "readout"]
+    assert {layer for _, layer in verdict} == set(layers)
+    assert all(verdict["moga", layer].verdict == "flat" for layer in layers), [v.line() for v in found]
+    for layer in layers[1:]:  # every matrix whose fan_in grows: AdamW's update effect grows like width
+        control = verdict["adamw", layer]
+        assert control.verdict == "blows up" and control.slopes["update"][0] > 0.7, control.line()
+    # The input layer's fan_in is 64 at every width: Adam's first step needs no factor there.
+    assert abs(verdict["adamw", "input"].slopes["update"][0]) < 0.1
+    # A steepest-descent step has norm lr in its own geometry, at every width and step.
+    moga_norms = [r.norm for r in records if r.optimizer == "moga"]
+    assert moga_norms == pytest.approx([2**-4] * len(moga_norms), rel=1e-5)
+
+
+def test_recorded_and_plotted_numbers_equal_a_direct_computation():
+    records = []
+    for width in (16, 32):
+        records += run_one(residual_mlp(width, depth=2, seed=3), "moga", 0.1, 2, width, None)
+    for width in (16, 32):  # the same run by hand: two MOGA steps, then fc1 of block 1 on the same batch
+        p = residual_mlp(width, depth=2, seed=3)
+        model, opt = p.model, MOGA(p.model, lr=0.1)
+        for _ in range(2):
+            old = [t.detach().clone() for t in model.blocks[1].branch.fc1.parameters()]
+            opt.zero_grad()
+            F.cross_entropy(model(p.inputs), p.targets).backward()
+            opt.step()
+        with torch.no_grad():
+            y = model.input(p.inputs)
+            y = model.blocks[0](y)
+            fc1 = model.blocks[1].branch.fc1
+            out = fc1(y)
+            effect = out - F.linear(y, *old)
+        (rec,) = [r for r in records if r.width == width and r.step == 2 and r.layer == "blocks.1.branch.fc1"]
+        assert rec.output == pytest.approx(out.double().pow(2).mean().sqrt().item(), rel=1e-6)
+        assert rec.update == pytest.approx(effect.double().pow(2).mean().sqrt().item(), rel=1e-6)
+        assert rec.norm == pytest.approx(0.1, rel=1e-6)
+    fig = figure(records, "moga")
+    titles = [ax.get_title() for ax in fig.axes]
+    panel = fig.axes[titles.index("RMS of update's effect, step 2")]
+    (line,) = [ln for ln in panel.get_lines() if ln.get_label() == "blocks.1.branch.fc1"]
+    expected = [r.update for w in (16, 32) for r in records
+                if r.width == w and r.step == 2 and r.layer == "blocks.1.branch.fc1"]
+    assert list(line.get_xdata()) == [16, 32] and list(line.get_ydata()) == expected
+    assert slope([16, 32], expected) == pytest.approx(torch.tensor(expected[1] / expected[0]).log2().item())
+
+
+def test_cli_on_a_user_factory(tmp_path):
+    from typer.testing import CliRunner
+
+    from moga.cli import app
+
+    result = CliRunner().invoke(app, [
+        "coordcheck", "--model", "tests.experiments.coordcheck_factory:mlp", "--widths", "16,64", "--steps", "1",
+        "--optim", "moga:vectors=sign;p=2.0,adamw", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "== moga:vectors=sign;p=2.0: all layers flat" in result.stdout
+    assert "== adamw: 2 blows up" in result.stdout and "4 blows up" in result.stdout
+    assert (tmp_path / "coordcheck_moga_vectors_sign_p_2.0.png").is_file() and (tmp_path / "coordcheck.json").is_file()

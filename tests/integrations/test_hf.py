@@ -1,0 +1,86 @@
+"""moga in Hugging Face's Trainer and in an Accelerate loop: train, save, resume, and get the same losses."""
+
+import pytest
+import torch
+
+from moga.integrations.hf import create_optimizer
+from moga.optim import MOGA
+from tests.integrations.lm import CharBlocks, record_losses, tiny_gpt2
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install moga[hf])",
+                                   exc_type=ImportError)
+pytest.importorskip("accelerate", reason="accelerate is not installed (pip install moga[hf])", exc_type=ImportError)
+
+STEPS, SAVE_AT, BATCH, LR = 24, 12, 8, 0.02
+
+
+def training_args(out, **kw):
+    return transformers.TrainingArguments(
+        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=LR,
+        weight_decay=0.1, save_strategy="steps", save_steps=SAVE_AT, logging_steps=1, report_to=[], seed=0,
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, **kw)
+
+
+def test_create_optimizer_reads_training_arguments(tmp_path):
+    args = training_args(tmp_path, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6)
+    model = tiny_gpt2(65)
+    opt = create_optimizer(model, args, name="moga", p=2.5)
+    assert isinstance(opt, MOGA) and opt.plan["lm_head.weight"].role == "tied"
+    for group in opt.param_groups:
+        assert (group["lr"], group["betas"], group["eps"]) == (LR, (0.8, 0.95), 1e-6)
+        assert group["weight_decay"] == (0.0 if group["role"] == "vector" else 0.1)
+    assert {g["geometry"] for g in opt.param_groups if g["role"] == "hidden"} == {"row(p=2.5)"}
+    assert create_optimizer(model, args, name="adamw_scaled").param_groups[0]["update"] == "adam"
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
+        create_optimizer(model, args, name="sgd")
+
+
+def test_trainer_resumes_with_the_same_losses(corpus, tmp_path):
+    data = CharBlocks(corpus, STEPS * BATCH)
+
+    def run(resume=None):
+        model = tiny_gpt2(data.vocab_size, seed=1 if resume else 0)  # resuming must restore the weights
+        losses = record_losses(model)
+        opt = MOGA(model, lr=LR, weight_decay=0.1) if resume is None else create_optimizer(model, args)
+        schedule = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=4, num_training_steps=STEPS)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, schedule))
+        trainer.train(resume_from_checkpoint=resume)
+        return losses, trainer
+
+    args = training_args(tmp_path)
+    full, trainer = run()
+    assert len(full) == STEPS and all(map(torch.isfinite, torch.tensor(full)))
+    assert sum(full[-4:]) < sum(full[:4])  # it learns
+    assert trainer.optimizer.optimizer.state  # Trainer wraps the MOGA instance given to it
+    resumed, _ = run(tmp_path / f"checkpoint-{SAVE_AT}")
+    assert resumed == full[SAVE_AT:]  # bitwise: weights, MOGA's momentum, schedule, data order and dropout RNG
+
+
+def test_accelerate_prepare_save_and_load_state(corpus, tmp_path):
+    from accelerate import Accelerator
+
+    data = CharBlocks(corpus, STEPS * BATCH)
+
+    def run(resume=None):
+        accelerator = Accelerator(cpu=True)
+        model = tiny_gpt2(data.vocab_size, seed=1 if resume else 0)
+        losses = record_losses(model)
+        # Its own generator: starting to iterate must not draw from the RNG that dropout uses, or the
+        # resumed run (which starts a new iterator after load_state restored that RNG) is one draw off.
+        loader = torch.utils.data.DataLoader(data, batch_size=BATCH, generator=torch.Generator().manual_seed(0))
+        model, opt, loader = accelerator.prepare(model, MOGA(model, lr=LR), loader)
+        if resume is not None:
+            accelerator.load_state(resume)
+            loader = accelerator.skip_first_batches(loader, SAVE_AT)
+        for step, batch in enumerate(loader, start=SAVE_AT if resume else 0):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            if step + 1 == SAVE_AT and resume is None:
+                accelerator.save_state(tmp_path / "state")
+        return losses
+
+    full = run()
+    assert len(full) == STEPS
+    assert run(tmp_path / "state") == full[SAVE_AT:]
