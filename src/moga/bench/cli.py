@@ -32,7 +32,7 @@ def optimizer(
 
     table = Table(title=f"one step, {records[0]['params']:,} parameters, {records[0]['threads']} threads")
     for col in ("optimizer", "kernel", "median ms", "min ms", "x adamw-fused", "state MB", "state x adamw"):
-        table.add_column(col, justify="right" if col != "optimizer" else "left")
+        table.add_column(col, justify="right" if col != "optimizer" else "left", no_wrap=col in ("optimizer", "kernel"))
     for r in records:
         table.add_row(
             r["name"], r["kernel"], f"{r['ms']:.1f}", f"{r['ms_min']:.1f}", f"{r.get('ms_vs_adamw_fused', float('nan')):.2f}",
