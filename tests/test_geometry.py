@@ -2,6 +2,7 @@
 mean-normalized operator norm it claims to be, orientation, scale invariance and zero handling."""
 
 import math
+import threading
 
 import pytest
 import torch
@@ -265,3 +266,120 @@ def test_fused_apply_equals_the_reference_lmo(geom, shape, layout):
     fused = w.clone()
     geom.apply_lmo_(fused, g, 0.3, layout)
     torch.testing.assert_close(fused, w + 0.3 * geom.lmo(g, layout))
+
+
+# --- every magnitude, zero-size tensors, sharded reductions ---------------------------------------------
+
+
+def magnitudes(dtype):
+    """From the smallest subnormal to the largest float, in steps of 2^8 of the exponent, with both ends."""
+    info = torch.finfo(dtype)
+    smallest = info.smallest_normal * info.eps  # the smallest subnormal: 2^-mantissa_bits of the smallest normal
+    low, high = math.log2(smallest), math.log2(info.max)
+    return [smallest, *(2.0**e for e in range(math.ceil(low) + 1, int(high), 8)), info.max]
+
+
+def sign_pattern(shape, value, dtype):
+    """+-value with a fixed sign pattern, and a second magnitude a quarter lower: finite at any value."""
+    signs = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, 1.0, -1.0]).repeat(math.prod(shape))[: math.prod(shape)]
+    scale = torch.where(torch.arange(math.prod(shape)) % 3 == 0, 0.75, 1.0)
+    return (signs * scale).reshape(shape).to(torch.float64).mul(value).to(dtype)
+
+
+EXTREME_GEOMETRIES = [*(Row(p) for p in (1, 1.5, 2, 2.5, 3, INF)), Col(1.5), Col(2), Col(3), Embedding(2),
+                      Embedding(3), Sign(), Vector()]
+
+
+@pytest.mark.parametrize("geom", EXTREME_GEOMETRIES, ids=ids)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_lmo_is_exact_at_every_magnitude(geom, dtype):
+    """The reference LMO at any representable magnitude equals the LMO of the same numbers brought near 1
+    by an exact power-of-two scaling (the LMO is scale invariant)."""
+    for value in magnitudes(dtype):
+        g = sign_pattern((4, 7), value, dtype)
+        half = 2.0 ** (-round(math.log2(value)) / 2)
+        expected = geom.lmo(g.double() * half * half, "oi")
+        torch.testing.assert_close(geom.lmo(g, "oi").double(), expected, rtol=1e-5, atol=0, msg=f"magnitude {value:g}")
+
+
+@pytest.mark.parametrize("geom", EXTREME_GEOMETRIES, ids=ids)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_fused_step_is_unit_or_zero_at_every_magnitude(geom, dtype):
+    """The optimizer's fused step: finite, and the LMO (unit norm) or, for the l2 step outside the range
+    where its squares are exact, zero. The issue's case: a float32 row of 1e-44s with p = 1.5 gave NaN."""
+    for value in [1e-44, *magnitudes(dtype)] if dtype == torch.float32 else magnitudes(dtype):
+        g = sign_pattern((4, 7), value, dtype)
+        w = torch.zeros(4, 7, dtype=dtype)
+        geom.apply_lmo_(w, g, 1.0, "oi")
+        assert torch.isfinite(w).all(), f"magnitude {value:g}"
+        if torch.count_nonzero(w):
+            torch.testing.assert_close(w.double(), geom.lmo(g, "oi").double(), rtol=1e-5, atol=0)
+        else:
+            assert geom.p == 2 if isinstance(geom, Row) else geom.q == 2, f"zero step at magnitude {value:g}"
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES + [Spectral()], ids=ids)
+def test_zero_size_tensors_step_as_no_ops(geom):
+    empty = torch.zeros(0, 5)
+    assert geom.lmo(empty).shape == (0, 5)
+    assert geom.norm(empty).item() == 0 and geom.dual_norm(empty).item() == 0
+    geom.apply_lmo_(empty, empty, 0.1)
+
+
+def run_sharded(geom, g, layout, dim, method, *args):
+    """Two threads stand for two ranks, each holding half of ``g`` along ``dim``; ``reduce`` combines each
+    per-row or per-column partial result across them, as an all-reduce would."""
+    shards = list(torch.tensor_split(g, 2, dim=dim))
+    barrier, slots, results = threading.Barrier(2), [None, None], [None, None]
+
+    def reduce(partial, op):
+        rank = reduce.rank.value
+        slots[rank] = partial
+        barrier.wait()
+        combined = torch.stack(slots).sum(0) if op == "sum" else torch.stack(slots).amax(0)
+        barrier.wait()
+        return combined
+
+    reduce.rank = threading.local()
+
+    def work(rank):
+        reduce.rank.value = rank
+        if method == "apply_lmo_":
+            w = torch.zeros_like(shards[rank])
+            geom.apply_lmo_(w, shards[rank], *args, layout=layout, reduce=reduce, shape=g.shape)
+            results[rank] = w
+        else:
+            results[rank] = getattr(geom, method)(shards[rank], layout, reduce, g.shape)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.parametrize("geom", [Row(1.5), Row(2), Row(3), Row(INF), Col(2), Col(1.5), Embedding(3)], ids=ids)
+@pytest.mark.parametrize("shape,layout", [((6, 8), "oi"), ((8, 6), "io"), ((2, 6, 8), "boi")])
+def test_sharded_reduced_axis_with_reduce_equals_the_whole(geom, shape, layout):
+    g = torch.randn(shape)
+    reduced = geom.reduced_dims(layout)
+    assert reduced == (Layout(layout).in_dims if isinstance(geom, Row) else Layout(layout).out_dims)
+    dim = reduced[0]
+    for method in ("lmo", "apply_lmo_"):
+        parts = run_sharded(geom, g, layout, dim, method, *((0.5,) if method == "apply_lmo_" else ()))
+        whole = geom.lmo(g, layout) * (0.5 if method == "apply_lmo_" else 1)
+        torch.testing.assert_close(torch.cat(parts, dim), whole)
+    # norms: the per-row (per-column) values are combined; each rank holds every row, so each gets the whole
+    for method in ("norm", "dual_norm"):
+        for part in run_sharded(geom, g, layout, dim, method):
+            torch.testing.assert_close(part, getattr(geom, method)(g, layout))
+
+
+def test_reduced_dims_name_what_needs_communication():
+    assert Row(2).reduced_dims("oi") == (1,) and Row(2).reduced_dims("io") == (0,)
+    assert Col(2).reduced_dims("oiii") == (0,) and Embedding(2).reduced_dims("io") == (1,)
+    assert Sign().reduced_dims("oi") == () and Vector().reduced_dims() == ()
+    assert Spectral().reduced_dims("boi") == (1, 2)
+    with pytest.raises(ValueError, match="whole matrices"):
+        Spectral().lmo(torch.randn(4, 4), reduce=lambda t, op: t)

@@ -15,14 +15,16 @@ vector over nothing, spectral over the whole matrix. A shard that splits none of
 When one is split, pass ``reduce(partial, op) -> Tensor`` (``op`` in ``{"sum", "max"}``) to ``lmo``,
 ``apply_lmo_``, ``norm`` and ``dual_norm``: it combines each per-row or per-column partial result across
 the ranks holding the rest of that axis (an all-reduce of a vector, never of the matrix). ``norm`` and
-``dual_norm`` then return this rank's part of the outer max or sum over rows (columns), which the caller
-combines. ``reduce=None`` (the default) means the axis is whole here. Spectral takes no ``reduce``: it
-needs whole matrices.
+``dual_norm`` take their outer max or sum over the rows (columns) this rank holds: when rows are split
+too, the caller combines those. ``reduce=None`` (the default) means the axis is whole here. Spectral takes
+no ``reduce``: it needs whole matrices. A shard also passes ``shape=``, the whole tensor's shape: the
+factors (``n^(-1/p)``, ``m^(1/q)/n``, ``1/n``) count the whole matrix's fan_in and fan_out.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -30,7 +32,7 @@ from functools import lru_cache
 import torch
 
 from moga.layout import LINEAR, Layout, as_layout, resolve_layout
-from moga.numerics import INF, Reduce, add_phi_, dual_exponent, lp_norm, phi
+from moga.numerics import INF, Reduce, Scalar, add_phi_, add_scaled_, dual_exponent, lp_norm, phi
 from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS, NS_EPS, orthogonalize
 from moga.workspace import Workspace, scratch
 
@@ -40,6 +42,28 @@ __all__ = [
 ]
 
 
+def zero_size_safe(method):
+    """A zero-size tensor has no direction (and no 0 ** -1/p): its norms and LMO are zero, its step a no-op."""
+
+    @functools.wraps(method)
+    def wrapper(self, t, *args, **kwargs):
+        if t.numel() == 0 or (method.__name__ == "apply_lmo_" and args[0].numel() == 0):
+            if method.__name__ == "lmo":
+                return torch.zeros_like(t)
+            return None if method.__name__ == "apply_lmo_" else t.new_zeros(())
+        return method(self, t, *args, **kwargs)
+
+    return wrapper
+
+
+class _ZeroSizeSafe(type):
+    def __new__(mcs, name, bases, ns):
+        for key in ("norm", "dual_norm", "lmo", "apply_lmo_"):
+            if key in ns:
+                ns[key] = zero_size_safe(ns[key])
+        return super().__new__(mcs, name, bases, ns)
+
+
 def check_exponent(name: str, p: float) -> float:
     p = float(p)
     if math.isnan(p) or p < 1:
@@ -47,7 +71,7 @@ def check_exponent(name: str, p: float) -> float:
     return p
 
 
-class Geometry:
+class Geometry(metaclass=_ZeroSizeSafe):
     """A norm on one parameter, with its dual norm and linear minimisation oracle.
 
     ``lmo(G)`` returns ``D* = argmin_{||D|| <= 1} <G, D>``, so ``<G, D*> = -dual_norm(G)`` and the
@@ -61,19 +85,21 @@ class Geometry:
         """The tensor dims the step reduces over: sharding one of them needs ``reduce``."""
         raise NotImplementedError
 
-    def norm(self, d: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None):
+    def norm(self, d: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None, shape=None):
         raise NotImplementedError
 
-    def dual_norm(self, g: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None):
+    def dual_norm(self, g: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None,
+                  shape=None):
         raise NotImplementedError
 
-    def lmo(self, g: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None):
+    def lmo(self, g: torch.Tensor, layout: str | Layout | None = None, reduce: Reduce | None = None, shape=None):
         raise NotImplementedError
 
-    def apply_lmo_(self, param: torch.Tensor, g: torch.Tensor, alpha: float, layout=None,
-                   workspace: Workspace | None = None, reduce: Reduce | None = None) -> None:
-        """``param += alpha * lmo(g)`` in place, temporaries in ``workspace``; tested against ``lmo``."""
-        param.add_(self.lmo(g, layout, reduce), alpha=alpha)
+    def apply_lmo_(self, param: torch.Tensor, g: torch.Tensor, alpha: Scalar, layout=None,
+                   workspace: Workspace | None = None, reduce: Reduce | None = None, shape=None) -> None:
+        """``param += alpha * lmo(g)`` in place, temporaries in ``workspace``; tested against ``lmo``.
+        ``alpha`` is a number or a 0-d tensor (the optimizer's device-side step size)."""
+        add_scaled_(param, self.lmo(g, layout, reduce, shape), alpha)
 
     def sign_scale(self, shape, layout: str | Layout | None = None) -> float | None:
         """c when the LMO is ``-c * sign(G)``, else None. Rescaled AdamW swaps sign(G) for Adam's direction."""
@@ -110,24 +136,24 @@ class Row(Geometry):
     def reduced_dims(self, layout=None):
         return _as_layout(layout).in_dims
 
-    def norm(self, d, layout=None, reduce=None):  # n^(1/p) max_r ||D_r||_{p*}
+    def norm(self, d, layout=None, reduce=None, shape=None):  # n^(1/p) max_r ||D_r||_{p*}
         lay = self._layout(d, layout)
-        return lay.fan_in(d.shape) ** (1 / self.p) * lp_norm(d, dual_exponent(self.p), lay.in_dims, reduce).max()
+        return lay.fan_in(shape or d.shape) ** (1 / self.p) * lp_norm(d, dual_exponent(self.p), lay.in_dims, reduce).max()
 
-    def dual_norm(self, g, layout=None, reduce=None):  # n^(-1/p) sum_r ||G_r||_p
+    def dual_norm(self, g, layout=None, reduce=None, shape=None):  # n^(-1/p) sum_r ||G_r||_p
         lay = self._layout(g, layout)
-        return lay.fan_in(g.shape) ** (-1 / self.p) * lp_norm(g, self.p, lay.in_dims, reduce).sum()
+        return lay.fan_in(shape or g.shape) ** (-1 / self.p) * lp_norm(g, self.p, lay.in_dims, reduce).sum()
 
-    def lmo(self, g, layout=None, reduce=None):  # row r: -n^(-1/p) phi_p(G_r)
+    def lmo(self, g, layout=None, reduce=None, shape=None):  # row r: -n^(-1/p) phi_p(G_r)
         lay = self._layout(g, layout)
-        return phi(g, self.p, lay.in_dims, reduce).mul_(-(lay.fan_in(g.shape) ** (-1 / self.p)))
+        return phi(g, self.p, lay.in_dims, reduce).mul_(-(lay.fan_in(shape or g.shape) ** (-1 / self.p)))
 
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None, shape=None):
         lay = self._layout(g, layout)
-        add_phi_(param, g, self.p, lay.in_dims, -alpha * lay.fan_in(g.shape) ** (-1 / self.p), workspace, reduce)
+        add_phi_(param, g, self.p, lay.in_dims, -alpha * lay.fan_in(shape or g.shape) ** (-1 / self.p), workspace, reduce)
 
     def sign_scale(self, shape, layout=None):
-        return 1 / _dims(shape, layout)[1] if self.p == 1 else None
+        return 1 / max(_dims(shape, layout)[1], 1) if self.p == 1 else None
 
 
 @dataclass(frozen=True)
@@ -147,24 +173,24 @@ class Col(Geometry):
     def reduced_dims(self, layout=None):
         return _as_layout(layout).out_dims
 
-    def norm(self, d, layout=None, reduce=None):  # (n / m^(1/q)) max_c ||D_c||_q
+    def norm(self, d, layout=None, reduce=None, shape=None):  # (n / m^(1/q)) max_c ||D_c||_q
         lay = self._layout(d, layout)
-        return lp_norm(d, self.q, lay.out_dims, reduce).max() / self._scale(d.shape, lay)
+        return lp_norm(d, self.q, lay.out_dims, reduce).max() / self._scale(shape or d.shape, lay)
 
-    def dual_norm(self, g, layout=None, reduce=None):  # (m^(1/q)/n) sum_c ||G_c||_{q*}
+    def dual_norm(self, g, layout=None, reduce=None, shape=None):  # (m^(1/q)/n) sum_c ||G_c||_{q*}
         lay = self._layout(g, layout)
-        return self._scale(g.shape, lay) * lp_norm(g, dual_exponent(self.q), lay.out_dims, reduce).sum()
+        return self._scale(shape or g.shape, lay) * lp_norm(g, dual_exponent(self.q), lay.out_dims, reduce).sum()
 
-    def lmo(self, g, layout=None, reduce=None):  # column c: -(m^(1/q)/n) phi_{q*}(G_c)
+    def lmo(self, g, layout=None, reduce=None, shape=None):  # column c: -(m^(1/q)/n) phi_{q*}(G_c)
         lay = self._layout(g, layout)
-        return phi(g, dual_exponent(self.q), lay.out_dims, reduce).mul_(-self._scale(g.shape, lay))
+        return phi(g, dual_exponent(self.q), lay.out_dims, reduce).mul_(-self._scale(shape or g.shape, lay))
 
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None, shape=None):
         lay = self._layout(g, layout)
-        add_phi_(param, g, dual_exponent(self.q), lay.out_dims, -alpha * self._scale(g.shape, lay), workspace, reduce)
+        add_phi_(param, g, dual_exponent(self.q), lay.out_dims, -alpha * self._scale(shape or g.shape, lay), workspace, reduce)
 
     def sign_scale(self, shape, layout=None):
-        return 1 / _dims(shape, layout)[1] if self.q == INF else None
+        return 1 / max(_dims(shape, layout)[1], 1) if self.q == INF else None
 
 
 @dataclass(frozen=True)
@@ -193,21 +219,21 @@ class Sign(Geometry):
     def reduced_dims(self, layout=None):
         return ()
 
-    def norm(self, d, layout=None, reduce=None):  # n max |D_ij|
-        return self._layout(d, layout).fan_in(d.shape) * d.abs().max()
+    def norm(self, d, layout=None, reduce=None, shape=None):  # n max |D_ij|
+        return self._layout(d, layout).fan_in(shape or d.shape) * d.abs().max()
 
-    def dual_norm(self, g, layout=None, reduce=None):  # ||G||_1 / n
-        return g.abs().sum() / self._layout(g, layout).fan_in(g.shape)
+    def dual_norm(self, g, layout=None, reduce=None, shape=None):  # ||G||_1 / n
+        return g.abs().sum() / self._layout(g, layout).fan_in(shape or g.shape)
 
-    def lmo(self, g, layout=None, reduce=None):  # -sign(G) / n
-        return torch.sign(g).mul_(-self.sign_scale(g.shape, self._layout(g, layout)))
+    def lmo(self, g, layout=None, reduce=None, shape=None):  # -sign(G) / n
+        return torch.sign(g).mul_(-self.sign_scale(shape or g.shape, self._layout(g, layout)))
 
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
-        c = -alpha * self.sign_scale(g.shape, self._layout(g, layout))
-        param.add_(torch.sign(g, out=scratch(workspace, g, 0)), alpha=c)
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None, shape=None):
+        c = -alpha * self.sign_scale(shape or g.shape, self._layout(g, layout))
+        add_scaled_(param, torch.sign(g, out=scratch(workspace, g, 0)), c)
 
     def sign_scale(self, shape, layout=None):
-        return 1 / _dims(shape, layout)[1]
+        return 1 / max(_dims(shape, layout)[1], 1)
 
 
 @dataclass(frozen=True)
@@ -220,17 +246,17 @@ class Vector(Geometry):
     def reduced_dims(self, layout=None):
         return ()
 
-    def norm(self, d, layout=None, reduce=None):  # max |d_i|
+    def norm(self, d, layout=None, reduce=None, shape=None):  # max |d_i|
         return d.abs().max() if d.numel() else d.new_zeros(())
 
-    def dual_norm(self, g, layout=None, reduce=None):  # ||g||_1
+    def dual_norm(self, g, layout=None, reduce=None, shape=None):  # ||g||_1
         return g.abs().sum()
 
-    def lmo(self, g, layout=None, reduce=None):  # -sign(g)
+    def lmo(self, g, layout=None, reduce=None, shape=None):  # -sign(g)
         return torch.sign(g).neg_()
 
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
-        param.add_(torch.sign(g, out=scratch(workspace, g, 0)), alpha=-alpha)
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None, shape=None):
+        add_scaled_(param, torch.sign(g, out=scratch(workspace, g, 0)), -alpha)
 
     def sign_scale(self, shape, layout=None):
         return 1.0
@@ -277,21 +303,21 @@ class Spectral(Geometry):
         lay = _as_layout(layout)
         return tuple(sorted(lay.out_dims + lay.in_dims))
 
-    def norm(self, d, layout=None, reduce=None):  # sqrt(n/m) ||D||_{2->2}
+    def norm(self, d, layout=None, reduce=None, shape=None):  # sqrt(n/m) ||D||_{2->2}
         mat = _whole_matrices(self._layout(d, layout), d, reduce)
         return torch.linalg.matrix_norm(mat, ord=2).max() / self.factor(mat.shape[-2], mat.shape[-1])
 
-    def dual_norm(self, g, layout=None, reduce=None):  # sqrt(m/n) ||G||_nuclear
+    def dual_norm(self, g, layout=None, reduce=None, shape=None):  # sqrt(m/n) ||G||_nuclear
         mat = _whole_matrices(self._layout(g, layout), g, reduce)
         return self.factor(mat.shape[-2], mat.shape[-1]) * torch.linalg.matrix_norm(mat, ord="nuc").sum()
 
-    def lmo(self, g, layout=None, reduce=None):  # -sqrt(m/n) U V^T
+    def lmo(self, g, layout=None, reduce=None, shape=None):  # -sqrt(m/n) U V^T
         lay = self._layout(g, layout)
         return lay.from_matrix(self._polar(lay, g, reduce).to(g.dtype), g.shape).mul(-self._factor(lay, g))
 
-    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None):
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None, shape=None):
         lay = self._layout(g, layout)
-        param.add_(lay.from_matrix(self._polar(lay, g, reduce), g.shape), alpha=-alpha * self._factor(lay, g))
+        add_scaled_(param, lay.from_matrix(self._polar(lay, g, reduce), g.shape), -alpha * self._factor(lay, g))
 
     def _polar(self, lay: Layout, g: torch.Tensor, reduce) -> torch.Tensor:
         mat = _whole_matrices(lay, g, reduce)

@@ -1,14 +1,25 @@
-"""The numerics behind the geometries: ``phi_p`` and l_p norms along some axes, safe at any magnitude.
+"""The numerics behind the geometries: ``phi_p`` and l_p norms along some axes, at any magnitude, sync-free.
 
 ``phi_p(g) = sign(g) |g|^(p-1) / ||g||_p^(p-1)`` (GEOMETRY.md, Notation) is computed per row or per column
 of a tensor, with temporaries in an optional :class:`~moga.workspace.Workspace`. Powers of ``|g|`` under-
-or overflow long before ``g`` does (a float32 row of 1e-30s has ``|g|^2 = 0``), so sums that leave the
-safe range are recomputed on ``g`` divided by its row maximum: ``phi_p`` is scale invariant.
+or overflow long before ``g`` does (a float32 row of 1e-30s has ``|g|^2 = 0``; ``|g|^3`` overflows at
+7e12), and a reciprocal of a subnormal row maximum overflows. So ``phi_p`` divides each row by its maximum
+first (``phi_p`` is scale invariant): then every power lies in [0, 1], every sum in [1, n], and the result
+is exact from the smallest subnormal to the largest float. Nothing here reads a tensor's value on the
+host: the step never waits for the device.
+
+The one exception is the fused l2 step (:func:`add_phi_` with ``p = 2``, the speed-critical row(2)
+step), which squares ``g`` directly, saving two passes. Its squares are exact for row norms in
+``[l2_safe_low(dtype), sqrt(max float))`` (float32 and bfloat16: 1.1e-16 to 1.8e19); a row (column) outside that
+range has no representable direction in that pass and takes a zero update, as a zero row does.
 
 Sharded tensors. Every reduction along the reduced axes (sums of ``|g|^p``, maxima, squared sums) goes
 through ``reduce(partial, op)``, ``op`` in ``{"sum", "max"}``: it combines a per-row (or per-column)
 partial result across the ranks that hold the other parts of that axis, and returns the combined tensor
 (same shape). ``reduce=None`` means the axis is whole here, nothing to combine.
+
+Step sizes. ``c`` in :func:`add_phi_` and :func:`add_scaled_` is a number or a 0-d tensor: a tensor lets
+the optimizer make a step a no-op on the device (``c = 0``) without a host sync.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from moga.workspace import Workspace, scratch
 INF = math.inf
 
 Reduce = Callable[[torch.Tensor, str], torch.Tensor]
+Scalar = float | torch.Tensor
 
 
 def dual_exponent(p: float) -> float:
@@ -37,6 +49,11 @@ def dual_exponent(p: float) -> float:
 def combine(partial: torch.Tensor, op: str, reduce: Reduce | None) -> torch.Tensor:
     """``partial`` combined across the ranks holding the rest of the reduced axes (itself when whole)."""
     return partial if reduce is None else reduce(partial, op)
+
+
+def safe_divisor(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with zeros replaced by 1: a zero row divided by it stays zero, never NaN."""
+    return torch.where(x > 0, x, torch.ones_like(x))
 
 
 def safe_reciprocal(x: torch.Tensor) -> torch.Tensor:
@@ -56,30 +73,24 @@ def abs_pow(a: torch.Tensor, e: float, out: torch.Tensor | None = None) -> torch
 
 
 def row_max(x: torch.Tensor, dims: tuple[int, ...], reduce: Reduce | None = None) -> torch.Tensor:
-    """max |x| along ``dims`` (kept)."""
-    return combine(torch.amax(x.abs(), dim=dims, keepdim=True), "max", reduce)
+    """max |x| along ``dims`` (kept). Two reductions of ``x`` cost less than materializing ``|x|``, and
+    far less than ``vector_norm(ord=inf)`` on CPUs."""
+    if x.numel() == 0:
+        return combine(x.new_zeros([1 if d in dims else s for d, s in enumerate(x.shape)]), "max", reduce)
+    peak = torch.maximum(torch.amax(x, dim=dims, keepdim=True), torch.amin(x, dim=dims, keepdim=True).neg_())
+    return combine(peak, "max", reduce)
 
 
-def _powered(
-    g: torch.Tensor, p: float, dims: tuple[int, ...], workspace: Workspace | None = None,
-    reduce: Reduce | None = None,
+def _normalized_powers(
+    g: torch.Tensor, p: float, dims: tuple[int, ...], workspace: Workspace | None, reduce: Reduce | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(|g|^(p-1), ||g||_p^p along dims), for 1 < p < inf.
+    """(a^(p-1), sum a^p along dims) for a = |g| / max|g| (per row), 1 < p < inf.
 
-    Both come from one power of |g|. Where the sums under- or overflow, ``g`` is divided by its row maximum
-    first: callers use the pair only through the scale-invariant phi_p, or scale ``g`` themselves.
-    """
-    a = torch.abs(g, out=scratch(workspace, g, 0))
+    a is in [0, 1] with a 1 in every nonzero row, so the sum is in [1, n]: nothing under- or overflows.
+    Division (not a reciprocal) keeps subnormal maxima exact. A zero row gives zeros."""
+    a = torch.abs(g, out=scratch(workspace, g, 0)).div_(safe_divisor(row_max(g, dims, reduce)))
     u = abs_pow(a, p - 1, out=scratch(workspace, g, 1))
-    total = combine(a.mul_(u).sum(dim=dims, keepdim=True), "sum", reduce)
-    if g.is_floating_point():
-        info = torch.finfo(g.dtype)
-        if not bool(((total > info.tiny * 1e4) & (total < info.max * 1e-4)).all()):
-            a = g.abs()
-            a.mul_(safe_reciprocal(row_max(g, dims, reduce)))
-            u = abs_pow(a, p - 1)
-            total = combine((a * u).sum(dim=dims, keepdim=True), "sum", reduce)
-    return u, total
+    return u, combine(a.mul_(u).sum(dim=dims, keepdim=True), "sum", reduce)
 
 
 def lp_norm(x: torch.Tensor, p: float, dims: tuple[int, ...], reduce: Reduce | None = None) -> torch.Tensor:
@@ -89,67 +100,73 @@ def lp_norm(x: torch.Tensor, p: float, dims: tuple[int, ...], reduce: Reduce | N
     peak = row_max(x, dims, reduce)
     if p == INF:
         return peak
-    scaled = x * safe_reciprocal(peak)
-    if p == 2:
-        return peak * combine(scaled.square().sum(dim=dims, keepdim=True), "sum", reduce).sqrt()
-    _, total = _powered(scaled, p, dims, reduce=reduce)
+    _, total = _normalized_powers(x, p, dims, None, reduce)
     return peak * total.pow(1 / p)
 
 
-def _l2_norm(g: torch.Tensor, dims: tuple[int, ...], workspace: Workspace | None, reduce: Reduce | None):
+def _direction(
+    g: torch.Tensor, p: float, dims: tuple[int, ...], workspace: Workspace | None, reduce: Reduce | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t, s) with phi_p(g) = t * s, both finite: t = sign(g) a^(p-1), s = (sum a^p)^(-(p-1)/p)."""
+    u, total = _normalized_powers(g, p, dims, workspace, reduce)
+    return u.copysign_(g), safe_reciprocal(total.pow((p - 1) / p))
+
+
+def l2_safe_low(dtype: torch.dtype) -> float:
+    """The smallest l2 norm whose squares the fast l2 step sums exactly: sqrt(smallest normal) * 2^10."""
+    return math.sqrt(torch.finfo(dtype).tiny) * 2**10
+
+
+def _fast_l2_direction(
+    g: torch.Tensor, dims: tuple[int, ...], workspace: Workspace | None, reduce: Reduce | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, 1/||g||_2) per row from plain squares; rows whose squares are not exact get 0 (module doc)."""
     if reduce is None and dims == (g.ndim - 1,):
         norm = torch.linalg.vector_norm(g, ord=2, dim=dims, keepdim=True)
     else:  # vector_norm over leading axes is ~30x slower on CPUs than squaring and summing
         squares = torch.mul(g, g, out=scratch(workspace, g, 0)).sum(dim=dims, keepdim=True)
         norm = combine(squares, "sum", reduce).sqrt_()
-    if g.is_floating_point():
-        info = torch.finfo(g.dtype)
-        if not bool(((norm > info.tiny**0.5 * 1e4) & (norm < info.max**0.5 * 1e-4)).all()):
-            norm = lp_norm(g, 2, dims, reduce)
-    return norm
-
-
-def _direction(
-    g: torch.Tensor, p: float, dims: tuple[int, ...], workspace: Workspace | None = None,
-    reduce: Reduce | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t, s) with phi_p(g) = t * s: t = sign(g)|g|^(p-1) unnormalized, s the per-row factor."""
-    if p == 2:
-        return g, safe_reciprocal(_l2_norm(g, dims, workspace, reduce))
-    u, total = _powered(g, p, dims, workspace, reduce)
-    # ||g||_p^(p-1) = total^((p-1)/p); the row maximum cancels because phi_p is scale invariant.
-    return u.copysign_(g), safe_reciprocal(total.pow((p - 1) / p))
+    low = l2_safe_low(g.dtype)
+    return g, torch.where((norm >= low) & torch.isfinite(norm), norm.reciprocal(), torch.zeros_like(norm))
 
 
 def _peak_sign(g: torch.Tensor, dims: tuple[int, ...], reduce: Reduce | None = None) -> torch.Tensor:
     """phi_inf: sign(g) on the entries of largest |g| along ``dims``, split equally among ties."""
-    a = g.abs()
     peak = row_max(g, dims, reduce)
-    top = (a == peak) & (peak > 0)
+    top = (g.abs() == peak) & (peak > 0)
     count = combine(top.sum(dim=dims, keepdim=True).to(g.dtype), "sum", reduce)
     return torch.sign(g) * top / count.clamp(min=1)
 
 
 def phi(g: torch.Tensor, p: float, dims: tuple[int, ...], reduce: Reduce | None = None) -> torch.Tensor:
     """phi_p along ``dims``: the l_{p*} unit vector maximising <g, .> (GEOMETRY.md, Notation):
-    ``sign(g) |g|^(p-1) / ||g||_p^(p-1)``. phi_1 = sign; phi_inf puts all mass on the largest |g_i|."""
+    ``sign(g) |g|^(p-1) / ||g||_p^(p-1)``. phi_1 = sign; phi_inf puts all mass on the largest |g_i|.
+    Exact at every magnitude."""
     if p == 1:
         return torch.sign(g)
     if p == INF:
         return _peak_sign(g, dims, reduce)
-    t, s = _direction(g, p, dims, reduce=reduce)
+    t, s = _direction(g, p, dims, None, reduce)
     return t * s
 
 
+def add_scaled_(param: torch.Tensor, t: torch.Tensor, c: Scalar) -> None:
+    """``param += c * t``; with a tensor ``c`` the same single pass (``addcmul`` with a 0-d factor)."""
+    if isinstance(c, torch.Tensor):
+        param.addcmul_(t, c)
+    else:
+        param.add_(t, alpha=c)
+
+
 def add_phi_(
-    param: torch.Tensor, g: torch.Tensor, p: float, dims: tuple[int, ...], c: float,
+    param: torch.Tensor, g: torch.Tensor, p: float, dims: tuple[int, ...], c: Scalar,
     workspace: Workspace | None = None, reduce: Reduce | None = None,
 ) -> None:
     """``param += c * phi_p(g)`` along ``dims``: one pass over ``param``, temporaries in ``workspace``."""
     if p == 1:
-        param.add_(torch.sign(g, out=scratch(workspace, g, 0)), alpha=c)
+        add_scaled_(param, torch.sign(g, out=scratch(workspace, g, 0)), c)
     elif p == INF:
-        param.add_(_peak_sign(g, dims, reduce), alpha=c)
+        add_scaled_(param, _peak_sign(g, dims, reduce), c)
     else:
-        t, s = _direction(g, p, dims, workspace, reduce)
-        param.addcmul_(t, s, value=c)
+        t, s = _fast_l2_direction(g, dims, workspace, reduce) if p == 2 else _direction(g, p, dims, workspace, reduce)
+        param.addcmul_(t, s.mul_(c))

@@ -175,7 +175,7 @@ def test_schedulers_drive_the_step_size(tiny):
         (lambda m: MOGA(m, betas=(0.9, 1.0)), "betas"),
         (lambda m: MOGA(m, eps=0.0), "eps"),
         (lambda m: MOGA(m, vectors="lion"), "vectors must be one of"),
-        (lambda m: MOGA(m, nonfinite="warn"), "nonfinite must be one of"),
+        (lambda m: MOGA(m, nonfinite="panic"), "nonfinite must be one of"),
         (lambda m: MOGA(m, kernel="fast"), "kernel must be one of"),
         (lambda m: MOGA(m, geometries={"hiden": "row(p=2)"}), "unknown role"),
         (lambda m: MOGA(m, geometries={"hidden": "spectral(scale=wide)"}), "scale must be"),
@@ -200,8 +200,7 @@ def test_nonfinite_gradients_skip_the_step_and_touch_nothing(name, tiny):
     tiny_loss(tiny).backward()
     tiny.hidden.weight.grad[0, 0] = float("nan")
     tiny.embed.weight.grad[1, 1] = float("inf")
-    with pytest.warns(RuntimeWarning, match="non-finite gradient in 2 tensor"):
-        opt.step()
+    opt.step()  # decided on the device: no warning, which would need a host sync
     assert opt.skipped_steps == 1
     for a, b in zip(tiny.parameters(), params):
         assert torch.equal(a, b)

@@ -137,9 +137,16 @@ def fused_lmo_step_(
     return [k for k in range(len(params)) if k not in skipped]
 
 
-def found_nonfinite(tensors: list[torch.Tensor]) -> bool:
-    """Whether any element of the (CPU) tensors is NaN or inf: one exact read-only pass."""
+def fused_ready(device: torch.device) -> bool:
+    """The fused kernel is already built and loaded for this device (never starts a build)."""
+    return _unavailable.get(device.type) == "" and device.type == "cpu"
+
+
+def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A 0-dim bool on the CPU: no element of the (CPU) tensors is NaN or inf. One exact read-only pass."""
     from moga.kernels import ops
 
     tensors = [t for t in tensors if t.numel()]
-    return bool(ops.found_nonfinite(tensors)) if tensors else False
+    if not tensors:
+        return torch.ones((), dtype=torch.bool)
+    return ops.found_nonfinite(tensors) == 0

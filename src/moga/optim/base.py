@@ -13,6 +13,7 @@ keeps the spec string, layout and update as plain strings only so that they surv
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Mapping
 
@@ -22,7 +23,7 @@ from torch.optim import Optimizer
 
 from moga.geometry import Geometry, Spectral, parse_geometry
 from moga.kernels import DTYPES as KERNEL_DTYPES
-from moga.kernels import check_kernel, covers, found_nonfinite, fused_available, fused_lmo_step_
+from moga.kernels import all_finite, check_kernel, covers, fused_available, fused_lmo_step_, fused_ready
 from moga.layout import Layout, as_layout, resolve_layout
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace, scratch
@@ -30,24 +31,32 @@ from moga.workspace import Workspace, scratch
 NONFINITE_POLICIES = ("skip", "raise", "ignore")
 
 
-def check_hyperparameters(h: Mapping) -> None:
-    """Clear errors for values no run should start with."""
+def _real(name: str, v):
+    """A finite real number of any kind (int, float, numpy scalar, 0-d tensor) as a Python float."""
+    if isinstance(v, torch.Tensor) and v.ndim == 0 and not v.is_complex() and v.dtype != torch.bool:
+        v = v.item()  # at construction only, never in step
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number (any real type), got {v!r}")
+    return float(v)
 
-    def real(name, v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"{name} must be a finite number, got {v!r}")
-        return v
 
-    if real("lr", h["lr"]) < 0:
+def check_hyperparameters(h: dict) -> None:
+    """Clear errors for values no run should start with; numbers are stored as Python floats."""
+    h["lr"] = _real("lr", h["lr"])
+    if h["lr"] < 0:
         raise ValueError(f"lr must be >= 0, got {h['lr']}")
-    if not 0 <= real("momentum", h["momentum"]) < 1:
+    h["momentum"] = _real("momentum", h["momentum"])
+    if not 0 <= h["momentum"] < 1:
         raise ValueError(f"momentum must be in [0, 1), got {h['momentum']}")
-    if real("weight_decay", h["weight_decay"]) < 0:
+    h["weight_decay"] = _real("weight_decay", h["weight_decay"])
+    if h["weight_decay"] < 0:
         raise ValueError(f"weight_decay must be >= 0, got {h['weight_decay']}")
     betas = h["betas"]
-    if len(betas) != 2 or not all(0 <= real("betas", b) < 1 for b in betas):
+    if len(betas) != 2 or not all(0 <= _real("betas", b) < 1 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-    if real("eps", h["eps"]) <= 0:
+    h["betas"] = tuple(_real("betas", b) for b in betas)
+    h["eps"] = _real("eps", h["eps"])
+    if h["eps"] <= 0:
         raise ValueError(f"eps must be > 0, got {h['eps']}")
     if not isinstance(h["nesterov"], bool):
         raise ValueError(f"nesterov must be True or False, got {h['nesterov']!r}")
@@ -60,12 +69,26 @@ class GeometryOptimizer(Optimizer):
 
     ``params`` is an ``nn.Module`` (its role plan is built with ``role_geometries``), a
     :class:`~moga.roles.RolePlan`, or torch-style params / param groups; a group without a ``geometry``
-    key takes ``geometry`` and ``update``. ``nonfinite="skip"`` skips a step whose gradients hold NaN or inf and
-    counts it in ``skipped_steps``; ``"raise"`` raises ``FloatingPointError``. Either way the weights and
-    optimizer state are left untouched; ``"ignore"`` does not look (no check pass; NaN then reaches the
-    weights). ``kernel="auto"`` runs the fused one-pass step of :mod:`moga.kernels` (C++ on CPU, compiled
-    on CUDA) where it covers a parameter and falls back to the plain path, with a one-line warning, when
-    it cannot be built; ``"cpp"`` insists on it, ``"torch"`` never uses it.
+    key takes ``geometry`` and ``update``.
+
+    Non-finite values. ``nonfinite="skip"`` (default) turns a step whose gradients hold NaN or inf, or
+    whose lr is not finite, into a no-op on the device: weights and optimizer state stay bit for bit
+    as they were, and ``skipped_steps`` counts it. The step never waits for the device; reading
+    ``skipped_steps`` (or ``state_dict``) does. ``"raise"`` raises ``FloatingPointError`` naming the
+    tensors, leaving everything untouched; it reads the flag on the host every step (a device sync).
+    ``"ignore"`` turns the gradient check off (for a GradScaler that already does it).
+
+    Precision. The math runs in float32 for 16-bit parameters (float64 for float64 ones). Momentum and
+    Adam moments are kept in ``state_dtype`` (float32 by default; ``torch.bfloat16`` halves their
+    memory); float64 parameters keep float64 state. ``master_weights=True`` keeps a float32 copy of
+    each 16-bit parameter in its state: the step updates the copy and rounds it into the parameter, so
+    steps smaller than the parameter's precision still accumulate. Without it, 16-bit parameters are
+    updated in place (the update computed in float32, then rounded).
+
+    Kernels. ``kernel="auto"`` (default) runs the fused one-pass step of :mod:`moga.kernels` (C++ on CPU,
+    compiled on CUDA) for the row, col, sign and embedding groups it covers, and falls back to the plain
+    path, with a one-line warning, when it cannot be built; ``"cpp"`` insists on it, ``"torch"`` never
+    uses it. It keeps the non-finite semantics above (a skipped step leaves everything untouched).
     """
 
     role_geometries: Mapping[str, str] = {}
@@ -85,14 +108,18 @@ class GeometryOptimizer(Optimizer):
         geometries: Mapping[str, str] | None = None,
         overrides: Mapping | None = None,
         nonfinite: str = "skip",
+        state_dtype: torch.dtype | str = torch.float32,
+        master_weights: bool = False,
         kernel: str = "auto",
     ):
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
         self.kernel = check_kernel(kernel)
+        self.state_dtype = _state_dtype(state_dtype)
+        self.master_weights = bool(master_weights)
         geometry = None if geometry is None else str(parse_geometry(geometry))  # the groups' default spec
         defaults = dict(
-            lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, betas=tuple(betas),
+            lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, betas=betas,
             eps=eps, geometry=geometry, update=update, layout=None,
         )
         check_hyperparameters(defaults)
@@ -105,7 +132,8 @@ class GeometryOptimizer(Optimizer):
             self.plan = params
             params = params.param_groups()
         self.nonfinite = nonfinite
-        self.skipped_steps = 0
+        self._skipped_host = 0  # skips known on the host (a non-finite lr)
+        self._skipped_device: torch.Tensor | None = None  # skips flagged on the device, read lazily
         self._workspace = Workspace()  # scratch for temporaries; not state, never saved
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
@@ -122,6 +150,16 @@ class GeometryOptimizer(Optimizer):
             self.param_groups.pop()  # a rejected group leaves the optimizer as it was
             raise
 
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for non-finite gradients or lr. Reading it waits for the device."""
+        on_device = 0 if self._skipped_device is None else int(self._skipped_device)
+        return self._skipped_host + on_device
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self._skipped_host, self._skipped_device = int(value), None
+
     # --- stepping ------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -130,141 +168,222 @@ class GeometryOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self.nonfinite != "ignore" and not self._gradients_finite():
-            return loss
-        for plan, group in zip(self._plans, self.param_groups):
+        work = []
+        for gi, (plan, group) in enumerate(zip(self._plans, self.param_groups)):
             params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = []
-            for p in params:
-                if p.grad.is_sparse:
-                    raise RuntimeError("moga optimizers do not support sparse gradients")
-                grads.append(p.grad)
+            if any(p.grad.layout != torch.strided for p in params):
+                raise RuntimeError("moga optimizers do not support sparse gradients")
+            params = [p for p in params if p.numel()]  # a zero-size parameter has nothing to step
+            if params:
+                work.append((gi, plan, group, params))
+        if not work or not self._lr_finite(work):
+            return loss
+        ok = self._gradients_ok(work)
+        for _, plan, group, params in work:
             if group["update"] == "adam":
-                self._adam_step(plan, group, params, grads)
+                self._adam_step(plan, group, params, ok)
             else:
-                self._lmo_step(plan, group, params, grads)
+                self._lmo_step(plan, group, params, ok)
+        if ok is not None:
+            if self._skipped_device is None:
+                self._skipped_device = torch.zeros((), dtype=torch.int64, device=ok.device)
+            self._skipped_device.add_(~ok)
         return loss
 
-    def _lmo_step(self, plan: GroupPlan, group, params, grads):
+    def _lmo_step(self, plan: GroupPlan, group, params, ok):
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         if fused_available(self.kernel, params[0].device):
-            bufs = [self._buffer(p, "momentum_buffer") for p in params] if momentum > 0 else None
-            rest = fused_lmo_step_(plan.geometry, [plan.layout(p) for p in params], params, grads, bufs, lr,
-                                   momentum, group["nesterov"], wd)
-            params, grads = [params[k] for k in rest], [grads[k] for k in rest]
+            params = self._fused_lmo_step(plan, group, params, ok)
             if not params:
                 return
+        targets = self._targets(params)
+        grads = self._grads(params, ok)
+        alpha = _gate(ok, lr, 0.0)  # 0 on a skipped step: every geometry maps a finite G to a no-op
         directions = grads
         if momentum > 0:
-            directions = [self._buffer(p, "momentum_buffer") for p in params]
-            torch._foreach_lerp_(directions, grads, 1 - momentum)  # the EMA G <- m G + (1 - m) g
+            bufs = [self._buffer(p, "momentum_buffer") for p in params]
+            directions = _in_compute_dtype(bufs)
+            _ema_(directions, grads, 1 - momentum, ok)  # G <- m G + (1 - m) g
+            _write_back(bufs, directions)
         if wd:
-            torch._foreach_mul_(params, 1 - lr * wd)
+            torch._foreach_mul_(targets, _gate(ok, 1 - lr * wd, 1.0))
         if isinstance(plan.geometry, Spectral) and len(params) > 1:
-            self._batched_spectral_step(plan, group, params, grads, directions)
+            self._batched_spectral_step(plan, group, targets, params, grads, directions, alpha, ok)
+            _round_into(params, targets)
             return
-        for p, g, d in zip(params, grads, directions):
+        for t, p, g, d in zip(targets, params, grads, directions):
             if momentum > 0 and group["nesterov"]:
-                d = torch.lerp(g, d, momentum, out=scratch(self._workspace, g, 2))
-            plan.geometry.apply_lmo_(p, d, lr, plan.layout(p), self._workspace)
+                d = _finite(torch.lerp(g, d, momentum, out=scratch(self._workspace, g, 2)), ok)
+            elif momentum == 0 and ok is not None:  # a NaN would pass through the zero step size
+                d = torch.where(ok, d, d.new_zeros(()), out=scratch(self._workspace, d, 2))
+            plan.geometry.apply_lmo_(t, d, alpha, plan.layout(p), self._workspace)
+        _round_into(params, targets)
 
-    def _batched_spectral_step(self, plan: GroupPlan, group, params, grads, directions):
+    def _fused_lmo_step(self, plan: GroupPlan, group, params, ok) -> list[torch.Tensor]:
+        """The fused kernel on the parameters it covers (a skipped step, ``ok`` False, leaves them
+        untouched inside the kernel, without a host read); returns the parameters left to the plain path."""
+        lr, momentum = group["lr"], group["momentum"]
+        mastered = [p for p in params if self.master_weights and _low_precision(p)]
+        mine = [p for p in params if not (self.master_weights and _low_precision(p))]
+        if not mine:
+            return params
+        bufs = [self._buffer(p, "momentum_buffer") for p in mine] if momentum > 0 else None
+        found_inf = None if ok is None else (~ok).to(torch.float32)
+        rest = fused_lmo_step_(plan.geometry, [plan.layout(p) for p in mine], mine, [p.grad for p in mine], bufs, lr,
+                               momentum, group["nesterov"], group["weight_decay"], found_inf)
+        return mastered + [mine[k] for k in rest]
+
+    def _batched_spectral_step(self, plan: GroupPlan, group, targets, params, grads, directions, alpha, ok):
         """Same-shape matrices go through one batched Newton-Schulz (bmm) call: a transformer's identical
         matrices cost one call, not one each. The stack is a batch axis ``b`` of the layout."""
-        lr, momentum, nesterov = group["lr"], group["momentum"], group["nesterov"] and group["momentum"] > 0
+        momentum, nesterov = group["momentum"], group["nesterov"] and group["momentum"] > 0
         batches: dict[tuple, list[int]] = {}
-        for k, p in enumerate(params):
-            batches.setdefault((p.shape, p.dtype, p.device, plan.layout(p)), []).append(k)
-        for (shape, dtype, device, layout), ks in batches.items():
-            stack = torch.empty((len(ks), *shape), dtype=dtype, device=device)
-            for row, k in zip(stack, ks):
+        for k, (t, p) in enumerate(zip(targets, params)):
+            batches.setdefault((t.shape, t.dtype, t.device, plan.layout(p)), []).append(k)
+        for (_, _, _, layout), ks in batches.items():
+            stack = []
+            for k in ks:
+                d = directions[k]
                 if nesterov:
-                    torch.lerp(grads[k], directions[k], momentum, out=row)
-                else:
-                    row.copy_(directions[k])
-            weights = torch.stack([params[k] for k in ks])
-            plan.geometry.apply_lmo_(weights, stack, lr, as_layout("b" + layout.spec), self._workspace)
-            torch._foreach_copy_([params[k] for k in ks], list(weights.unbind(0)))
+                    d = _finite(torch.lerp(grads[k], d, momentum), ok)
+                elif momentum == 0 and ok is not None:  # a NaN would pass through the zero step size
+                    d = torch.where(ok, d, d.new_zeros(()))
+                stack.append(d)
+            weights = torch.stack([targets[k] for k in ks])
+            plan.geometry.apply_lmo_(weights, torch.stack(stack), alpha, as_layout("b" + layout.spec), self._workspace)
+            torch._foreach_copy_([targets[k] for k in ks], list(weights.unbind(0)))
 
-    def _adam_step(self, plan: GroupPlan, group, params, grads):
+    def _adam_step(self, plan: GroupPlan, group, params, ok):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
         exp_avgs = [self._buffer(p, "exp_avg") for p in params]
         exp_avg_sqs = [self._buffer(p, "exp_avg_sq") for p in params]
-        for st in states:
-            st.setdefault("step", torch.tensor(0.0, dtype=torch.float32))
-            st["step"] += 1
-        if _fused_adamw_applies(params):
-            self._fused_adam_step(plan, group, params, grads, exp_avgs, exp_avg_sqs, states)
+        steps = [st.setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
+                 for p, st in zip(params, states)]
+        count = 1.0 if ok is None else ok.to(torch.float32)  # a skipped step is not counted
+        for step in steps:
+            step.add_(count)
+        if _fused_adamw_applies(params, exp_avgs):
+            self._fused_adam_step(plan, group, params, exp_avgs, exp_avg_sqs, steps, ok)
             return
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+        # float32 math on float32 copies; the same expressions as torch.optim.AdamW with lr * c.
+        targets = self._targets(params)
+        grads = self._grads(params, ok, sanitize=True)
+        ms, vs = _in_compute_dtype(exp_avgs), _in_compute_dtype(exp_avg_sqs)
+        w1, b2 = _gate(ok, 1 - beta1, 0.0), _gate(ok, beta2, 1.0)
+        for m, v, g in zip(ms, vs, grads):
+            m.lerp_(g, w1 if ok is None else w1.to(m.dtype))
+            v.mul_(b2).addcmul_(g, g, value=1 - beta2)
+        _write_back(exp_avgs, ms)
+        _write_back(exp_avg_sqs, vs)
         if wd:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        # The same expressions as torch.optim.AdamW with lr * c, c the geometry's sign factor.
-        for p, m, v, st in zip(params, exp_avgs, exp_avg_sqs, states):
-            t = st["step"].item()
-            step_size = lr * plan.sign_scale(p) / (1 - beta1**t)
-            denom = torch.sqrt(v, out=scratch(self._workspace, v, 0)).div_(math.sqrt(1 - beta2**t)).add_(eps)
-            p.addcdiv_(m, denom, value=-step_size)
+            torch._foreach_mul_(targets, _gate(ok, 1 - lr * wd, 1.0))
+        for t, p, m, v, step in zip(targets, params, ms, vs, steps):
+            step_size = _gate(ok, lr * plan.sign_scale(p), 0.0) / (1 - beta1**step)
+            denom = torch.sqrt(v).div_(torch.sqrt(1 - beta2**step)).add_(eps)
+            t.sub_(m.div(denom).mul_(step_size))
+        _round_into(params, targets)
 
-    def _fused_adam_step(self, plan: GroupPlan, group, params, grads, exp_avgs, exp_avg_sqs, states):
+    def _fused_adam_step(self, plan: GroupPlan, group, params, exp_avgs, exp_avg_sqs, steps, ok):
         """torch's fused AdamW kernel, one call per sign factor c: lr*c, and decay wd/c so that the
-        decay stays lr*wd. One pass over the tensors instead of about six."""
+        decay stays lr*wd. One pass over the tensors instead of about six; ``found_inf`` makes a skipped
+        step return before touching anything."""
         lr, wd = group["lr"], group["weight_decay"]
         beta1, beta2 = group["betas"]
+        found_inf = None if ok is None else (~ok).to(torch.float32)
         by_scale: dict[float, list[list]] = {}
-        for p, g, m, v, st in zip(params, grads, exp_avgs, exp_avg_sqs, states):
+        for p, m, v, step in zip(params, exp_avgs, exp_avg_sqs, steps):
             lists = by_scale.setdefault(plan.sign_scale(p), [[], [], [], [], []])
-            for bucket, t in zip(lists, (p, g, m, v, st["step"])):
+            for bucket, t in zip(lists, (p, p.grad, m, v, step)):
                 bucket.append(t)
-        for c, (ps, gs, ms, vs, steps) in by_scale.items():
-            torch._fused_adamw_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=lr * c, beta1=beta1, beta2=beta2,
+        for c, (ps, gs, ms, vs, ss) in by_scale.items():
+            torch._fused_adamw_(ps, gs, ms, vs, [], ss, amsgrad=False, lr=lr * c, beta1=beta1, beta2=beta2,
                                 weight_decay=wd / c if wd else 0.0, eps=group["eps"], maximize=False,
-                                grad_scale=None, found_inf=None)
+                                grad_scale=None, found_inf=found_inf)
+
+    # --- precision -----------------------------------------------------------------------------------
 
     def _buffer(self, p: torch.Tensor, key: str) -> torch.Tensor:
         state = self.state[p]
         if key not in state:
-            state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state[key] = torch.zeros_like(p, dtype=self._state_dtype_for(p), memory_format=torch.preserve_format)
         return state[key]
 
-    # --- non-finite gradients ----------------------------------------------------------------------
+    def _state_dtype_for(self, p: torch.Tensor) -> torch.dtype:
+        return p.dtype if p.dtype == torch.float64 else self.state_dtype
 
-    def _gradients_finite(self) -> bool:
-        named = [
-            (group["names"][k] if "names" in group else f"group {gi} param {k}", p.grad)
-            for gi, group in enumerate(self.param_groups)
-            for k, p in enumerate(group["params"])
-            if p.grad is not None
-        ]
-        if not named:
+    def _targets(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What the step updates: the float32 master copy of a 16-bit parameter, or the parameter."""
+        if not self.master_weights:
+            return params
+        out = []
+        for p in params:
+            if _low_precision(p):
+                state = self.state[p]
+                if "master" not in state:
+                    state["master"] = p.detach().to(torch.float32, memory_format=torch.preserve_format)
+                out.append(state["master"])
+            else:
+                out.append(p)
+        return out
+
+    def _grads(self, params, ok, sanitize: bool = False) -> list[torch.Tensor]:
+        """The gradients in the compute dtype: float32 copies of 16-bit ones, with a skipped step's
+        non-finite values zeroed on the way (``sanitize`` zeroes them in float32 gradients too)."""
+        out = []
+        for p in params:
+            g = p.grad
+            if g.dtype != _compute_dtype(p):
+                g = g.to(_compute_dtype(p)) if ok is None else torch.where(ok, g, 0.0).to(_compute_dtype(p))
+            elif sanitize and ok is not None:
+                g = torch.where(ok, g, 0.0)
+            out.append(g)
+        return out
+
+    # --- non-finite values -------------------------------------------------------------------------
+
+    def _lr_finite(self, work) -> bool:
+        """A non-finite lr is known on the host: the step is skipped (or raises) without touching the device."""
+        bad = []
+        for gi, plan, group, _ in work:
+            lr = group["lr"]
+            if isinstance(lr, torch.Tensor):  # a tensor lr is read once per step (a sync off the CPU)
+                group["lr"] = lr = float(lr)
+            if not math.isfinite(lr):
+                bad.append(f"group {gi} ({group.get('role', plan.geometry)}) lr={lr}")
+        if not bad:
             return True
-        # NaN and inf propagate through an l2 norm; it also overflows on huge finite values, so those
-        # tensors are looked at again elementwise below.
-        if all(g.device.type == "cpu" and g.dtype in KERNEL_DTYPES for _, g in named) and fused_available(
-                self.kernel, torch.device("cpu")):
-            if not found_nonfinite([g for _, g in named]):  # one exact read-only pass in C++
-                return True
-        flags = [_rows_finite(g) for _, g in named]
-        same_device = len({f.device for f in flags}) == 1
-        finite = torch.stack(flags).cpu() if same_device else torch.stack([f.cpu() for f in flags])  # one sync
-        for k in torch.nonzero(~finite).flatten().tolist():
-            finite[k] = bool(torch.isfinite(named[k][1]).all())
-        if bool(finite.all()):
-            return True
-        bad = [named[k][0] for k in range(len(named)) if not finite[k]]
-        message = f"non-finite gradient in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+        message = f"non-finite learning rate in {', '.join(bad)}"
         if self.nonfinite == "raise":
             raise FloatingPointError(message + "; weights and optimizer state are unchanged")
-        if self.skipped_steps == 0:
-            warnings.warn(message + "; step skipped (nonfinite='skip'; see skipped_steps)", RuntimeWarning, stacklevel=3)
-        self.skipped_steps += 1
+        warnings.warn(message + "; step skipped (see skipped_steps)", RuntimeWarning, stacklevel=3)
+        self._skipped_host += 1
         return False
+
+    def _gradients_ok(self, work) -> torch.Tensor | None:
+        """A 0-d bool on the device: every gradient is finite. None when ``nonfinite="ignore"``."""
+        if self.nonfinite == "ignore":
+            return None
+        grads = [p.grad for *_, params in work for p in params]
+        device = grads[0].device
+        if self.kernel != "torch" and fused_ready(device) and all(g.dtype in KERNEL_DTYPES for g in grads):
+            ok = all_finite(grads)  # one exact read-only pass in C++ (x * 0 is NaN only for NaN and inf)
+        else:
+            ok = None
+        if ok is None:
+            # min and max of each tensor: NaN and inf show up there, and nothing overflows on the way
+            extremes = [torch.stack(torch.aminmax(g)).to(device=device, dtype=torch.float64) for g in grads]
+            ok = torch.cat(extremes).isfinite().all()
+        if self.nonfinite == "raise" and not bool(ok):  # the documented sync
+            bad = [
+                group["names"][k] if "names" in group else f"group {gi} param {k}"
+                for gi, _, group, _ in work for k, p in enumerate(group["params"])
+                if p.grad is not None and p.numel() and not bool(torch.isfinite(p.grad).all())
+            ]
+            raise FloatingPointError(f"non-finite gradient in {len(bad)} tensor(s): {', '.join(bad[:5])}; "
+                                     "weights and optimizer state are unchanged")
+        return ok
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -275,9 +394,19 @@ class GeometryOptimizer(Optimizer):
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
-        self.skipped_steps = int(state_dict.pop("skipped_steps", 0))
+        skipped = int(state_dict.pop("skipped_steps", 0))
+        _check_state_matches(self.param_groups, state_dict)  # before anything changes
         super().load_state_dict(state_dict)
+        # torch casts every floating state tensor to its parameter's dtype; moments keep state_dtype and
+        # master copies stay float32, so cast again from the saved tensors themselves.
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(saved_ids, params):
+            for key, value in state_dict["state"].get(i, {}).items():
+                dtype = torch.float32 if key in ("master", "step") else self._state_dtype_for(p)
+                self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
         self._plans = [_plan_group(group) for group in self.param_groups]
+        self.skipped_steps = skipped
 
 
 class GroupPlan:
@@ -306,6 +435,9 @@ def _plan_group(group: dict) -> GroupPlan:
     layouts = {}
     for k, p in enumerate(group["params"]):
         name = group["names"][k] if "names" in group else f"params[{k}] of shape {tuple(p.shape)}"
+        if not p.is_floating_point():
+            raise ValueError(f"{name}: moga optimizers step real floating-point parameters, not {p.dtype} "
+                             "(a complex parameter's imaginary part would be dropped)")
         try:
             # A plain matrix defaults to "oi"; non-matrix geometries have no layout.
             layouts[id(p)] = resolve_layout(group["layout"], p) if geometry.matrix else None
@@ -316,19 +448,124 @@ def _plan_group(group: dict) -> GroupPlan:
     return GroupPlan(geometry, layouts)
 
 
-def _rows_finite(g: torch.Tensor) -> torch.Tensor:
-    """False when an l2 row norm of ``g`` is NaN or inf. Row norms: on CPUs a reduction along the last
-    axis runs ~2x faster than ``_foreach_norm``."""
-    if g.numel() == 0:
-        return torch.ones((), dtype=torch.bool, device=g.device)
-    rows = g.reshape(-1, g.shape[-1]) if g.ndim else g.reshape(1, 1)
-    return torch.linalg.vector_norm(rows, dim=-1).isfinite().all()
+STATE_KEYS = {"lmo": {"momentum_buffer", "master"}, "adam": {"exp_avg", "exp_avg_sq", "step", "master"}}
 
 
-def _fused_adamw_applies(params: list[torch.Tensor]) -> bool:
-    """torch's fused AdamW kernel exists for these tensors: one CPU or CUDA device, one float dtype."""
-    if not hasattr(torch, "_fused_adamw_") or not params:
+def _check_state_matches(groups: list[dict], state_dict: Mapping) -> None:
+    """A state dict from another optimizer or model is an error naming the first mismatch."""
+    saved_groups, saved_state = state_dict.get("param_groups"), state_dict.get("state")
+    if saved_groups is None or saved_state is None:
+        raise ValueError("not an optimizer state dict: it needs 'state' and 'param_groups'")
+    if len(saved_groups) != len(groups):
+        raise ValueError(f"the state dict has {len(saved_groups)} param groups, this optimizer {len(groups)}")
+    for gi, (saved, group) in enumerate(zip(saved_groups, groups)):
+        where = f"param group {gi}" + (f" ({group['role']})" if "role" in group else "")
+        if saved.get("geometry") is None:
+            raise ValueError(f"{where}: the state dict names no geometry: it is not a moga optimizer's state")
+        for key in ("geometry", "update", "layout"):
+            theirs = saved.get(key)
+            if key == "geometry":
+                theirs = str(parse_geometry(theirs))
+            if theirs != group[key]:
+                raise ValueError(f"{where}: the state dict's {key} is {theirs!r}, this optimizer's {group[key]!r}")
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(f"{where}: the state dict has {len(saved['params'])} parameters, "
+                             f"this optimizer {len(group['params'])}")
+        for k, (i, p) in enumerate(zip(saved["params"], group["params"])):
+            name = group["names"][k] if "names" in group else f"params[{k}]"
+            for key, value in saved_state.get(i, {}).items():
+                if key not in STATE_KEYS[group["update"]]:
+                    raise ValueError(f"{where}, {name}: unexpected state {key!r} for update {group['update']!r}")
+                if not torch.is_tensor(value):
+                    raise ValueError(f"{where}, {name}: state {key!r} is not a tensor")
+                expected = () if key == "step" else tuple(p.shape)
+                if tuple(value.shape) != expected:
+                    raise ValueError(f"{where}, {name}: state {key!r} has shape {tuple(value.shape)}, "
+                                     f"expected {expected} (parameter shape {tuple(p.shape)})")
+
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _state_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if resolved not in STATE_DTYPES:
+        raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16, got {dtype!r}")
+    return resolved
+
+
+def _low_precision(p: torch.Tensor) -> bool:
+    return p.dtype in LOW_PRECISION
+
+
+def _compute_dtype(p: torch.Tensor) -> torch.dtype:
+    return torch.float32 if _low_precision(p) else p.dtype
+
+
+def _in_compute_dtype(state: list[torch.Tensor]) -> list[torch.Tensor]:
+    """float32 copies of bfloat16 state (the same tensors otherwise); :func:`_write_back` stores them."""
+    return [s.float() if s.dtype in LOW_PRECISION else s for s in state]
+
+
+def _write_back(state: list[torch.Tensor], work: list[torch.Tensor]) -> None:
+    for s, w in zip(state, work):
+        if w is not s:
+            s.copy_(w)
+
+
+def _round_into(params: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
+    """Master copies rounded into their 16-bit parameters (a skipped step rounds the same copy again)."""
+    for p, t in zip(params, targets):
+        if t is not p:
+            p.copy_(t)
+
+
+def _gate(ok: torch.Tensor | None, value: float, skipped: float):
+    """``value``, or on the device ``value`` where ``ok`` else ``skipped``: in float64, so that a gated step
+    size is the very number the ungated one would be (no host sync, no host-to-device copy)."""
+    if ok is None:
+        return value
+    on = ok.to(torch.float64)
+    return on * value + (1 - on) * skipped
+
+
+def _finite(d: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
+    """``d`` in place, zeroed on a skipped step (whose NaN would otherwise pass through a zero step size)."""
+    return d if ok is None else torch.where(ok, d, d.new_zeros(()), out=d)
+
+
+def _ema_(bufs: list[torch.Tensor], grads: list[torch.Tensor], weight: float, ok: torch.Tensor | None) -> None:
+    """``bufs <- bufs + weight * (grads - bufs)``, untouched (bit for bit) on a skipped step."""
+    if ok is None:
+        torch._foreach_lerp_(bufs, grads, weight)
+    elif _fused_sgd_applies(bufs, grads):
+        # torch's fused SGD kernel steps W <- W - lr * (g + wd * W). With lr = -weight and wd = -1 that is
+        # W + weight * (g - W), this EMA (the same bits as lerp), and found_inf makes it return before
+        # touching anything: no pass to clean NaN out of the gradients.
+        torch._fused_sgd_(bufs, grads, [], weight_decay=-1.0, momentum=0.0, lr=-weight, dampening=0.0,
+                          nesterov=False, maximize=False, is_first_step=False, grad_scale=None,
+                          found_inf=(~ok).to(torch.float32))
+    else:
+        w = _gate(ok, weight, 0.0)
+        for b, g in zip(bufs, grads):
+            b.lerp_(torch.where(ok, g, 0.0), w.to(b.dtype))
+
+
+def _fused_sgd_applies(bufs: list[torch.Tensor], grads: list[torch.Tensor]) -> bool:
+    if not hasattr(torch, "_fused_sgd_"):
+        return False
+    device, dtype = bufs[0].device, bufs[0].dtype
+    return device.type in ("cpu", "cuda") and all(
+        t.device == device and t.dtype == dtype and type(t) is torch.Tensor for t in (*bufs, *grads))
+
+
+def _fused_adamw_applies(params: list[torch.Tensor], exp_avgs: list[torch.Tensor]) -> bool:
+    """torch's fused AdamW kernel exists for these tensors: one CPU or CUDA device, one float32 or float64
+    dtype for parameters, gradients and moments (so no master copies either)."""
+    if not hasattr(torch, "_fused_adamw_"):
         return False
     device, dtype = params[0].device, params[0].dtype
     return (device.type in ("cpu", "cuda") and dtype in (torch.float32, torch.float64)
-            and all(p.device == device and p.dtype == dtype for p in params))
+            and all(p.device == device and p.dtype == dtype and p.grad.dtype == dtype for p in params)
+            and all(m.dtype == dtype for m in exp_avgs))
