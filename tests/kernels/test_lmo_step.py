@@ -70,12 +70,10 @@ def test_kernel_equals_plain_path(built, spec, dtype):
 
 @pytest.mark.parametrize("spec", ["row(p=2)", "col(q=2)", "sign"])
 def test_empty_parameters_step(built, spec):
-    # (the plain col path of moga.numerics raises on an empty tensor: amax over a zero-size axis)
     for shape in [(0, 5), (5, 0)]:
-        w, opt, _ = make(spec, shape, torch.float32, "cpp", 0.9, False, 0.1)
-        w.grad = torch.zeros(shape)
-        opt.step()
-        assert w.shape == shape and opt.state[w]["momentum_buffer"].shape == shape
+        w, g, m = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
+        torch.ops.moga.lmo_step_(*op_args(spec, w, g, m))  # the op itself, as the optimizer skips them
+        assert w.shape == m.shape == shape
 
 
 def op_args(spec, w, g, m, lr=0.1, wd=0.0, momentum=0.9, found_inf=None, layout="oi"):
@@ -146,8 +144,7 @@ def test_skip_policy_with_the_kernel(built):
     before, buf = w.detach().clone(), opt.state[w]["momentum_buffer"].clone()
     w.grad = torch.randn(6, 10)
     w.grad[3, 4] = math.nan
-    with pytest.warns(RuntimeWarning, match="non-finite"):
-        opt.step()
+    opt.step()  # skipped on the device: no host read, no warning
     assert torch.equal(w, before) and torch.equal(opt.state[w]["momentum_buffer"], buf) and opt.skipped_steps == 1
 
 
