@@ -135,3 +135,17 @@ def test_cli_trains_stops_resumes_and_reports(tmp_path):
     assert diverged.exit_code == 0 and "status diverged" in diverged.output
     other = runner.invoke(_app(), args[:-2] + ["optim.lr=0.1", "-o", str(tmp_path / "run")])
     assert other.exit_code == 1 and "optim.lr: 0.05 -> 0.1" in other.output
+
+
+def test_a_saved_config_builds_the_same_task(tmp_path):
+    """config.yaml lists every key (unset ones as null); reloading it must not pass those to the loader."""
+    from moga.train import load_config
+    from moga.train.config import dump_yaml
+    from moga.train.tasks import build_task
+
+    cfg = load_config(None, ["data.name=digits", "model.name=residual_mlp", "train.steps=1"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_yaml(cfg))
+    again = load_config(saved)
+    assert again.to_dict() == cfg.to_dict()
+    assert len(build_task(again).data.train) == len(build_task(cfg).data.train)

@@ -39,3 +39,38 @@ def optimizer(
             f"{r['state_bytes'] / 2**20:.1f}", f"{r.get('state_vs_adamw', float('nan')):.2f}",
         )
     Console().print(table)
+
+
+@bench_app.command("distributed")
+def distributed(
+    world: int = typer.Option(2, min=2, help="gloo processes on this machine."),
+    blocks: int = typer.Option(1, min=1, help="GPT-2-small blocks (4x 768x768, 3072x768, 768x3072 each)."),
+    vocab: int = typer.Option(50257, min=1, help="Rows of the token table."),
+    width: int = typer.Option(768, min=1, help="Model width (GPT-2-small: 768); smaller for quick checks."),
+    repeats: int = typer.Option(5, min=1, help="Timed steps per optimizer (median reported)."),
+    only: list[str] = typer.Option(None, "--only", help="Optimizer names to run (default: all)."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of records instead of a table."),
+) -> None:
+    """One step on FSDP2-sharded GPT-2-small shapes: step time and the bytes each optimizer communicates."""
+    from moga.bench.distributed import OPTIMIZERS, bench_distributed
+
+    unknown = set(only or ()) - set(OPTIMIZERS)
+    if unknown:
+        raise typer.BadParameter(f"unknown optimizer(s) {sorted(unknown)}; known: {', '.join(OPTIMIZERS)}")
+    records = bench_distributed(world, blocks, vocab, width, repeats, only or None)
+    if as_json:
+        typer.echo(json.dumps(records, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    r0 = records[0]
+    table = Table(title=f"one step, FSDP2 on {r0['world']} gloo ranks, {r0['params']:,} parameters "
+                        f"({r0['matrices']} matrices, {r0['matrix_bytes'] / 2**20:.1f} MiB)")
+    for col in ("optimizer", "median ms", "collectives", "bytes, rank 0", "bytes, all ranks", "x matrix bytes"):
+        table.add_column(col, justify="left" if col in ("optimizer", "collectives") else "right")
+    for r in records:
+        calls = ", ".join(f"{n} {k}" for n, k in sorted(r["collectives"].items())) or "none"
+        table.add_row(r["name"], f"{r['ms']:.1f}", calls, f"{r['bytes_rank0']:,}", f"{r['bytes_all_ranks']:,}",
+                      f"{r['bytes_all_ranks'] / r['matrix_bytes']:.3f}")
+    Console().print(table)

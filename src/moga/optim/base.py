@@ -25,6 +25,8 @@ from moga.geometry import Geometry, Spectral, parse_geometry
 from moga.kernels import DTYPES as KERNEL_DTYPES
 from moga.kernels import all_finite, check_kernel, covers, fused_available, fused_lmo_step_, fused_ready
 from moga.layout import Layout, as_layout, resolve_layout
+from moga.optim import sharded
+from moga.optim.sharded import DTensor, WholeJob, local
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace, scratch
 
@@ -110,6 +112,7 @@ class GeometryOptimizer(Optimizer):
         nonfinite: str = "skip",
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
+        distributed: bool | None = None,
         kernel: str = "auto",
     ):
         if nonfinite not in NONFINITE_POLICIES:
@@ -132,6 +135,7 @@ class GeometryOptimizer(Optimizer):
             self.plan = params
             params = params.param_groups()
         self.nonfinite = nonfinite
+        self.distributed = distributed  # split whole-matrix work across ranks for plain tensors (see Muon)
         self._skipped_host = 0  # skips known on the host (a non-finite lr)
         self._skipped_device: torch.Tensor | None = None  # skips flagged on the device, read lazily
         self._workspace = Workspace()  # scratch for temporaries; not state, never saved
@@ -174,50 +178,70 @@ class GeometryOptimizer(Optimizer):
             if any(p.grad.layout != torch.strided for p in params):
                 raise RuntimeError("moga optimizers do not support sparse gradients")
             params = [p for p in params if p.numel()]  # a zero-size parameter has nothing to step
+            for p in params:
+                sharded.check_grad(lambda: _name_of(group, p), p)
             if params:
                 work.append((gi, plan, group, params))
         if not work or not self._lr_finite(work):
             return loss
         ok = self._gradients_ok(work)
+        whole: list[WholeJob] = []  # steps that need whole matrices, split among ranks after the loop
+        rounding = []
         for _, plan, group, params in work:
             if group["update"] == "adam":
                 self._adam_step(plan, group, params, ok)
             else:
-                self._lmo_step(plan, group, params, ok)
+                whole += self._lmo_step(plan, group, params, ok, rounding)
+        sharded.step_whole(whole)
+        for params, targets in rounding:
+            _round_into(params, targets)
         if ok is not None:
             if self._skipped_device is None:
                 self._skipped_device = torch.zeros((), dtype=torch.int64, device=ok.device)
             self._skipped_device.add_(~ok)
         return loss
 
-    def _lmo_step(self, plan: GroupPlan, group, params, ok):
+    def _lmo_step(self, plan: GroupPlan, group, params, ok, rounding: list) -> list[WholeJob]:
+        """Steps what it can; returns the steps that need whole matrices from other ranks, and leaves
+        rounding master copies into ``rounding`` (done after those)."""
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        if fused_available(self.kernel, params[0].device):
-            params = self._fused_lmo_step(plan, group, params, ok)
+        if fused_available(self.kernel, local(params[0]).device):
+            params = self._fused_lmo_step(plan, group, params, ok)  # plain tensors only: DTensors stay here
             if not params:
-                return
+                return []
+        # DTensor parameters (FSDP2) step on their local shards: moga.optim.sharded.
         targets = self._targets(params)
+        rounding.append((params, targets))
+        targets = [local(t) for t in targets]
         grads = self._grads(params, ok)
         alpha = _gate(ok, lr, 0.0)  # 0 on a skipped step: every geometry maps a finite G to a no-op
         directions = grads
         if momentum > 0:
-            bufs = [self._buffer(p, "momentum_buffer") for p in params]
+            bufs = [local(self._buffer(p, "momentum_buffer")) for p in params]
             directions = _in_compute_dtype(bufs)
             _ema_(directions, grads, 1 - momentum, ok)  # G <- m G + (1 - m) g
             _write_back(bufs, directions)
         if wd:
             torch._foreach_mul_(targets, _gate(ok, 1 - lr * wd, 1.0))
-        if isinstance(plan.geometry, Spectral) and len(params) > 1:
+        whole = []
+        split_replicated = sharded.replicated_world(self.distributed)
+        if (isinstance(plan.geometry, Spectral) and len(params) > 1 and not split_replicated
+                and not any(isinstance(p, DTensor) for p in params)):
             self._batched_spectral_step(plan, group, targets, params, grads, directions, alpha, ok)
-            _round_into(params, targets)
-            return
+            return whole
         for t, p, g, d in zip(targets, params, grads, directions):
+            layout = plan.layout(p)
+            defer = sharded.needs_whole(plan.geometry, layout) and (isinstance(p, DTensor) or split_replicated)
+            out = None if defer else scratch(self._workspace, g, 2)  # deferred directions need their own memory
             if momentum > 0 and group["nesterov"]:
-                d = _finite(torch.lerp(g, d, momentum, out=scratch(self._workspace, g, 2)), ok)
+                d = _finite(torch.lerp(g, d, momentum, out=out), ok)
             elif momentum == 0 and ok is not None:  # a NaN would pass through the zero step size
-                d = torch.where(ok, d, d.new_zeros(()), out=scratch(self._workspace, d, 2))
-            plan.geometry.apply_lmo_(t, d, alpha, plan.layout(p), self._workspace)
-        _round_into(params, targets)
+                d = torch.where(ok, d, d.new_zeros(()), out=out)
+            if defer:
+                whole.append(WholeJob(p, t, d, plan.geometry, layout, alpha))
+            else:
+                plan.geometry.apply_lmo_(t, d, alpha, layout, self._workspace, sharded.reducer(p, plan.geometry, layout))
+        return whole
 
     def _fused_lmo_step(self, plan: GroupPlan, group, params, ok) -> list[torch.Tensor]:
         """The fused kernel on the parameters it covers (a skipped step, ``ok`` False, leaves them
@@ -257,8 +281,8 @@ class GeometryOptimizer(Optimizer):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
-        exp_avgs = [self._buffer(p, "exp_avg") for p in params]
-        exp_avg_sqs = [self._buffer(p, "exp_avg_sq") for p in params]
+        exp_avgs = [local(self._buffer(p, "exp_avg")) for p in params]
+        exp_avg_sqs = [local(self._buffer(p, "exp_avg_sq")) for p in params]
         steps = [st.setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
                  for p, st in zip(params, states)]
         count = 1.0 if ok is None else ok.to(torch.float32)  # a skipped step is not counted
@@ -269,6 +293,7 @@ class GeometryOptimizer(Optimizer):
             return
         # float32 math on float32 copies; the same expressions as torch.optim.AdamW with lr * c.
         targets = self._targets(params)
+        shards = [local(t) for t in targets]
         grads = self._grads(params, ok, sanitize=True)
         ms, vs = _in_compute_dtype(exp_avgs), _in_compute_dtype(exp_avg_sqs)
         w1, b2 = _gate(ok, 1 - beta1, 0.0), _gate(ok, beta2, 1.0)
@@ -278,8 +303,8 @@ class GeometryOptimizer(Optimizer):
         _write_back(exp_avgs, ms)
         _write_back(exp_avg_sqs, vs)
         if wd:
-            torch._foreach_mul_(targets, _gate(ok, 1 - lr * wd, 1.0))
-        for t, p, m, v, step in zip(targets, params, ms, vs, steps):
+            torch._foreach_mul_(shards, _gate(ok, 1 - lr * wd, 1.0))
+        for t, p, m, v, step in zip(shards, params, ms, vs, steps):
             step_size = _gate(ok, lr * plan.sign_scale(p), 0.0) / (1 - beta1**step)
             denom = torch.sqrt(v).div_(torch.sqrt(1 - beta2**step)).add_(eps)
             t.sub_(m.div(denom).mul_(step_size))
@@ -295,7 +320,7 @@ class GeometryOptimizer(Optimizer):
         by_scale: dict[float, list[list]] = {}
         for p, m, v, step in zip(params, exp_avgs, exp_avg_sqs, steps):
             lists = by_scale.setdefault(plan.sign_scale(p), [[], [], [], [], []])
-            for bucket, t in zip(lists, (p, p.grad, m, v, step)):
+            for bucket, t in zip(lists, (local(p), local(p.grad), m, v, step)):
                 bucket.append(t)
         for c, (ps, gs, ms, vs, ss) in by_scale.items():
             torch._fused_adamw_(ps, gs, ms, vs, [], ss, amsgrad=False, lr=lr * c, beta1=beta1, beta2=beta2,
@@ -333,7 +358,7 @@ class GeometryOptimizer(Optimizer):
         non-finite values zeroed on the way (``sanitize`` zeroes them in float32 gradients too)."""
         out = []
         for p in params:
-            g = p.grad
+            g = local(p.grad)
             if g.dtype != _compute_dtype(p):
                 g = g.to(_compute_dtype(p)) if ok is None else torch.where(ok, g, 0.0).to(_compute_dtype(p))
             elif sanitize and ok is not None:
@@ -366,20 +391,22 @@ class GeometryOptimizer(Optimizer):
         if self.nonfinite == "ignore":
             return None
         grads = [p.grad for *_, params in work for p in params]
-        device = grads[0].device
-        if self.kernel != "torch" and fused_ready(device) and all(g.dtype in KERNEL_DTYPES for g in grads):
+        device = local(grads[0]).device
+        plain = all(type(g) is torch.Tensor for g in grads)
+        if plain and self.kernel != "torch" and fused_ready(device) and all(g.dtype in KERNEL_DTYPES for g in grads):
             ok = all_finite(grads)  # one exact read-only pass in C++ (x * 0 is NaN only for NaN and inf)
         else:
-            ok = None
-        if ok is None:
             # min and max of each tensor: NaN and inf show up there, and nothing overflows on the way
-            extremes = [torch.stack(torch.aminmax(g)).to(device=device, dtype=torch.float64) for g in grads]
-            ok = torch.cat(extremes).isfinite().all()
+            extremes = [torch.stack(torch.aminmax(local(g))).to(device=device, dtype=torch.float64)
+                        for g in grads if local(g).numel()]  # an uneven FSDP split can leave a rank no rows
+            ok = torch.cat(extremes).isfinite().all() if extremes else torch.ones((), dtype=torch.bool, device=device)
+        # Shards of one tensor live on several ranks: AND the flag so every rank skips alike (on the device).
+        ok = sharded.all_ranks(grads, ok)
         if self.nonfinite == "raise" and not bool(ok):  # the documented sync
             bad = [
                 group["names"][k] if "names" in group else f"group {gi} param {k}"
                 for gi, _, group, _ in work for k, p in enumerate(group["params"])
-                if p.grad is not None and p.numel() and not bool(torch.isfinite(p.grad).all())
+                if p.grad is not None and p.numel() and not bool(torch.isfinite(local(p.grad)).all())
             ]
             raise FloatingPointError(f"non-finite gradient in {len(bad)} tensor(s): {', '.join(bad[:5])}; "
                                      "weights and optimizer state are unchanged")
@@ -407,6 +434,11 @@ class GeometryOptimizer(Optimizer):
                 self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
         self._plans = [_plan_group(group) for group in self.param_groups]
         self.skipped_steps = skipped
+
+
+def _name_of(group: dict, p: torch.Tensor) -> str:
+    k = next(k for k, q in enumerate(group["params"]) if q is p)
+    return group["names"][k] if "names" in group else f"params[{k}]"
 
 
 class GroupPlan:
@@ -443,6 +475,8 @@ def _plan_group(group: dict) -> GroupPlan:
             layouts[id(p)] = resolve_layout(group["layout"], p) if geometry.matrix else None
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
+        sharded.check_placements(name, p, geometry, layouts[id(p)])
+        layouts[id(p)] = sharded.global_layout(p, layouts[id(p)])  # factors from the global shape
         if group["update"] == "adam" and geometry.sign_scale(p.shape, layouts[id(p)]) is None:
             raise ValueError(f"{name}: update='adam' needs a sign geometry, not {geometry}")
     return GroupPlan(geometry, layouts)

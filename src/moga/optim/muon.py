@@ -16,6 +16,12 @@ class Muon(GeometryOptimizer):
     step (given ``ns_dtype="bfloat16"``, the dtype torch uses). ``ns_dtype="auto"`` is bfloat16 where the hardware multiplies it fast (GPUs, CPUs with AMX or AVX512-BF16),
     else float32. Same-shape matrices share one batched Newton-Schulz call.
     Embeddings and vectors get MOGA's geometries, so Muon and MOGA differ only on the matrices.
+
+    Sharded (FSDP2) matrices are split among the ranks of their shard group: each rank gathers and
+    orthogonalizes its share and sends the slices back. Plain matrices are split the same way when
+    ``distributed`` is on (``None``: when torch.distributed is initialized with world size > 1), and one
+    all-gather shares the results: that assumes they are replicated, as under DDP. Pass
+    ``distributed=False`` when ranks train different models.
     """
 
     def __init__(
@@ -38,11 +44,13 @@ class Muon(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        distributed: bool | None = None,
         kernel: str = "auto",
     ):
         spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
         self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite, kernel=kernel,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            distributed=distributed, kernel=kernel,
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import typer
@@ -95,10 +96,12 @@ def train(
         raise typer.Exit(2) from None
     shown = {k: result.get(k) for k in ("status", "steps", "final_train_loss", "val_loss", "val_acc", "wall_time_s")
              if k in result}
-    typer.echo(f"{directory}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one line, not one per process
+        typer.echo(f"{directory}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
 
 
-_TRAIN_HELP = """Train a model; its run directory gets config.yaml, metrics.jsonl, checkpoint.pt and result.json.
+_TRAIN_HELP = """Train a model; its run directory gets config.yaml, metrics.jsonl, checkpoint.pt (train.parallel=fsdp:
+the sharded checkpoint.dcp/) and result.json.
 
 A config file (YAML, or TOML by suffix) and/or KEY=VALUE overrides set the keys below; an unknown key or a
 wrong type is an error that lists the valid keys. Rerunning the same command resumes from the checkpoint

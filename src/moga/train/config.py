@@ -203,6 +203,12 @@ class TrainSection(_Section):
     device: str = Field("auto", description="auto (cuda if available), cpu, cuda, mps")
     compile: bool | str = Field(False, description="torch.compile the model: true, or a backend name")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms during the run")
+    parallel: Literal["auto", "none", "ddp", "fsdp"] = Field(
+        "auto", description="several processes (torchrun): ddp (DistributedDataParallel) or fsdp (FSDP2, sharded "
+        "parameters, gradients, optimizer state and checkpoints); none: one process; auto: ddp under torchrun")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: autocast to bfloat16 (CPU and CUDA); under fsdp, bfloat16 parameters in "
+        "compute with float32 gradient reductions and float32 weights in the optimizer")
 
     @field_validator("batch_size")
     @classmethod
@@ -274,6 +280,14 @@ class RunConfig(_Section):
     def _has_length(self):
         if self.train.steps is None and self.train.epochs is None:
             raise ValueError("train: give the run's length, train.steps or train.epochs")
+        if self.train.parallel == "fsdp":
+            unsupported = [k for k, on in (("logging.diagnostics_every", self.logging.diagnostics_every),
+                                           ("optim.step_rule=depth_paper", self.optim.step_rule != "lr"),
+                                           ("optim.name=adaptive-gd", self.optim.name == "adaptive-gd"))
+                           if on]
+            if unsupported:
+                raise ValueError(f"train.parallel=fsdp does not run {' or '.join(unsupported)} yet (they measure "
+                                 "whole weights or the loss inside the step): use parallel=ddp")
         return self
 
     def to_dict(self) -> dict:
@@ -286,7 +300,8 @@ class RunConfig(_Section):
 # Keys that do not change what a run computes: a run may resume with other values for them.
 UNHASHED = ("name", "logging", "checkpoint")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
-LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10}}
+LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10},
+              "train": {"parallel": "auto", "precision": "fp32"}}
 
 
 def config_hash(cfg: RunConfig | Mapping) -> str:

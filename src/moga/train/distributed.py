@@ -2,7 +2,10 @@
 
 Every rank draws the same global batch and trains on its own slice of it, so a run on W
 processes sees exactly the data a one-process run with the same batch size sees; gradients are
-averaged by DistributedDataParallel. Only rank 0 writes files.
+averaged by DistributedDataParallel or, with ``train.parallel=fsdp``, reduce-scattered by FSDP2
+(:mod:`moga.train.parallel`). Only rank 0 writes files, except sharded checkpoints, which every rank
+writes its part of. FSDP on one process still joins a (one-rank) process group, so its checkpoints
+load on any number of processes.
 """
 
 from __future__ import annotations
@@ -48,19 +51,31 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def setup(device: str = "auto") -> Dist:
-    """Join the process group torchrun describes (WORLD_SIZE > 1), or run alone."""
+def setup(device: str = "auto", parallel: str = "auto") -> Dist:
+    """Join the process group torchrun describes (WORLD_SIZE > 1), or run alone.
+
+    ``parallel="fsdp"`` on one process makes a one-rank group (FSDP2 and sharded checkpoints need one);
+    ``parallel="none"`` refuses several processes, which would each train alone on a slice of the batch.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
     dev = pick_device(device, local_rank)
-    if world <= 1:
+    if dist.is_initialized():
+        world = dist.get_world_size()
+    if parallel == "none" and world > 1:
+        raise RuntimeError(f"train.parallel=none trains in one process, but {world} were launched: "
+                           "set train.parallel=ddp or fsdp, or launch one process")
+    if world <= 1 and parallel != "fsdp":
         return Dist(device=dev)
     owns = False
     if not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        dist.init_process_group(backend=backend)
+        if world <= 1:  # one process: a group in memory, no rendezvous
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend=backend)
         owns = True
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank, dev, owns)
 
@@ -79,8 +94,8 @@ def all_sum(d: Dist, values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def gather_objects(d: Dist, obj):
-    """A list with every rank's obj (on every rank)."""
+def gather_objects(d: Dist, obj) -> list:
+    """A list with every rank's obj (on every rank): the engine saves every rank's RNG state."""
     if not d.active:
         return [obj]
     out = [None] * d.world

@@ -1,6 +1,7 @@
 """One training loop for every model, optimizer and task: ``run(config, run_dir) -> result``.
 
-A run directory holds ``config.yaml`` (resolved), ``metrics.jsonl``, ``checkpoint.pt``, ``plan.txt``
+A run directory holds ``config.yaml`` (resolved), ``metrics.jsonl``, ``checkpoint.pt`` (with
+``train.parallel=fsdp``: the sharded ``checkpoint.dcp/``, :mod:`moga.train.sharded_checkpoint`), ``plan.txt``
 (the optimizer's role plan, when it has one) and, once the run ends, ``result.json``. Calling
 ``run`` again on the same directory resumes from the checkpoint (bit for bit on CPU) or, for a
 finished run, returns the stored result without training.
@@ -15,7 +16,6 @@ the running average the papers report as the training loss of the last epoch.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import math
@@ -34,7 +34,8 @@ from torch import nn
 from moga.data import derive_seed
 from moga.status import Status
 
-from . import distributed
+from . import distributed, parallel
+from . import sharded_checkpoint as sharded
 from .build import build_model, build_optimizer
 from .checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RunConfig, as_config, config_diff, dump_yaml, json_float
@@ -56,7 +57,7 @@ def run(config: RunConfig | dict | str | Path, run_dir: str | Path, *, stop_at: 
     A SIGTERM or Ctrl-C also stops at the next step boundary with a checkpoint.
     """
     cfg = as_config(config)
-    dist = distributed.setup(cfg.train.device)
+    dist = distributed.setup(cfg.train.device, cfg.train.parallel)
     try:
         return Trainer(cfg, Path(run_dir), dist, quiet=quiet).fit(stop_at)
     finally:
@@ -101,6 +102,8 @@ class Trainer:
         self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
         self.hash = cfg.hash()
         self.quiet = quiet or not dist.main or not cfg.logging.progress
+        self.fsdp = cfg.train.parallel == "fsdp"
+        self.checkpoint_path = run_dir / (sharded.DIRECTORY if self.fsdp else CHECKPOINT)
 
     # --- setup -----------------------------------------------------------------------------------
 
@@ -116,10 +119,18 @@ class Trainer:
                 f"config {self.hash}); differing keys (stored -> now):\n  " + "\n  ".join(diff or ["?"]))
         return result
 
+    def _load_state(self) -> dict | None:
+        """The checkpoint's state (for fsdp, all but the shards), checked against this config."""
+        cfg, one_file, dcp_dir = self.cfg, self.run_dir / CHECKPOINT, self.run_dir / sharded.DIRECTORY
+        if sharded.find_sharded(dcp_dir) and (self.fsdp or not one_file.is_file()):
+            return sharded.load_engine_state(dcp_dir, cfg.to_dict(), self.hash)  # another parallel: refused
+        if one_file.is_file():
+            return load_checkpoint(one_file, cfg.to_dict(), self.hash)
+        return None
+
     def _setup(self) -> dict | None:
         cfg, d = self.cfg, self.dist
-        path = self.run_dir / CHECKPOINT
-        state = load_checkpoint(path, cfg.to_dict(), self.hash) if path.is_file() else None
+        state = self._load_state()
         self.task = build_task(cfg, main=d.main, barrier=lambda: distributed.barrier(d))
         if not self.task.has_split(cfg.eval.split):
             raise ValueError(f"eval.split={cfg.eval.split!r}, but the {cfg.data.name} data has no such split")
@@ -128,6 +139,8 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         self.model = build_model(cfg, self.task.model_inputs).to(d.device)
+        if self.fsdp:  # before the optimizer, which must see the sharded parameters
+            parallel.shard_model(self.model, cfg.train.precision)
         self.optimizer = build_optimizer(cfg, self.model)
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
@@ -140,6 +153,7 @@ class Trainer:
         self.window = deque(maxlen=min(window, self.total))
         self.batches = self.task.train_batches()
         self.step, self.elapsed_before, self.since_log, self.since_eval, self.last_eval = 0, 0.0, [], [], None
+        self.grad_norm = None
         self.session_start = time.perf_counter()
         torch.manual_seed(derive_seed(cfg.seed, 1, d.rank))  # dropout and the like, per process
         if state is not None:
@@ -149,7 +163,7 @@ class Trainer:
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         self.ddp = None
-        if self.dist.active:
+        if self.dist.active and not self.fsdp:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.dist.device] if self.dist.device.type == "cuda" else None
@@ -183,21 +197,29 @@ class Trainer:
 
     def _save(self) -> None:
         rngs = distributed.gather_objects(self.dist, rng_state())  # every process takes part
+        engine = {
+            "config": self.cfg.to_dict(), "config_hash": self.hash, "step": self.step,
+            "schedule": {"name": self.schedule.name, "total": self.schedule.total, "warmup": self.schedule.warmup},
+            "rng": rngs, "data": self.batches.state_dict(), "window": list(self.window),
+            "since_log": list(self.since_log), "since_eval": list(self.since_eval),
+            "last_eval": self.last_eval, "elapsed": self.elapsed, "metrics_bytes": self.log.offset,
+            "world_size": self.dist.world, "instruments": self.instruments.state_dict(),
+        }
+        if self.fsdp:
+            sharded.save_sharded(self.checkpoint_path, self.model, self.optimizer, engine, main=self.dist.main,
+                                 barrier=lambda: distributed.barrier(self.dist))
+            return
         if self.dist.main:
-            save_checkpoint(self.run_dir / CHECKPOINT, {
-                "config": self.cfg.to_dict(), "config_hash": self.hash, "step": self.step,
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "schedule": {"name": self.schedule.name, "total": self.schedule.total, "warmup": self.schedule.warmup},
-                "rng": rngs, "data": self.batches.state_dict(), "window": list(self.window),
-                "since_log": list(self.since_log), "since_eval": list(self.since_eval),
-                "last_eval": self.last_eval, "elapsed": self.elapsed, "metrics_bytes": self.log.offset,
-                "world_size": self.dist.world, "instruments": self.instruments.state_dict(),
-            })
+            save_checkpoint(self.checkpoint_path, {**engine, "model": self.model.state_dict(),
+                                                   "optimizer": self.optimizer.state_dict()})
         distributed.barrier(self.dist)
 
     def _restore(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:
+            sharded.load_sharded(state["directory"], self.model, self.optimizer)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.batches.load_state_dict(state["data"])
         rngs = state["rng"]
         set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
@@ -248,8 +270,8 @@ class Trainer:
             ceiling = cfg.train.loss_ceiling
             if not math.isfinite(loss) or (ceiling is not None and loss > ceiling):
                 return self._diverged(loss)
-            if cfg.train.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
+            if cfg.train.grad_clip is not None:  # the global norm: over DTensor shards, a sum over ranks
+                self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
             # The schedule is the one writer of the lr; the step rule (if any) is a factor on it.
             lr_factor = self.schedule.factor(self.step)
             lr_factor *= self.instruments.lr_scale(self.step, self.optimizer.param_groups[0]["initial_lr"] * lr_factor)
@@ -297,9 +319,9 @@ class Trainer:
             x, y = next(self.batches)
             shard = d.shard(len(y))
             x, y = x[shard].to(d.device, non_blocking=True), y[shard].to(d.device, non_blocking=True)
-            sync = self.ddp.no_sync() if self.ddp is not None and micro < accum - 1 else contextlib.nullcontext()
-            with sync:
-                loss, _, _ = task.loss(self.forward_model, x, y)
+            with parallel.gradient_sync(self.model if self.ddp is None else self.ddp, micro == accum - 1):
+                with parallel.autocast(self.cfg.train.precision, d.device):
+                    loss, _, _ = task.loss(self.forward_model, x, y)
                 (loss / accum).backward()
             total += loss.detach().double().cpu()
         return float(total) / accum
@@ -315,6 +337,9 @@ class Trainer:
         unit = "tokens_per_s" if self.task.unit == "tokens" else "samples_per_s"
         record = {"type": "train", "step": self.step, "epoch": self._epoch(), "loss": loss, "lr": lr,
                   unit: rate, "time": round(self.elapsed, 3)}
+        if self.grad_norm is not None:  # the last step's norm before clipping
+            norm = self.grad_norm
+            record["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         extra = self.optimizer.diagnostics() if callable(getattr(self.optimizer, "diagnostics", None)) else {}
         extra = {**extra, **self.instruments.info}
         record.update({k: v for k, v in extra.items() if k not in record})
@@ -323,7 +348,8 @@ class Trainer:
         if not self.quiet:
             shown = {{"eta": "eta_t", "smoothness_L": "L"}.get(k, k): v for k, v in extra.items()
                      if k in ("eta", "w_norm", "smoothness_L")}
-            print(progress_line(self.step, self.total, loss, lr, rate, self.task.unit, eta, shown), flush=True)
+            print(progress_line(self.step, self.total, loss, lr, rate, self.task.unit, eta, shown, self.dist.world),
+                  flush=True)
 
     @torch.no_grad()
     def evaluate(self, split: str) -> tuple[float, float | None]:
@@ -332,11 +358,16 @@ class Trainer:
         batch_size = cfg.eval.batch_size or min(task.micro_batch, 1000)
         self.model.eval()
         loss_sum = correct_sum = count_sum = 0.0
-        for i, (x, y) in enumerate(task.eval_batches(split, batch_size, cfg.eval.max_batches)):
-            if i % d.world != d.rank:
-                continue
+        batches = list(task.eval_batches(split, batch_size, cfg.eval.max_batches))
+        mine = batches[d.rank::d.world]
+        # FSDP gathers weights in every forward, so every rank runs as many: the short ones run a discarded one.
+        spare = -(-len(batches) // d.world) - len(mine) if self.fsdp and batches else 0
+        for i, (x, y) in enumerate(mine + batches[:spare]):
             x, y = x.to(d.device), y.to(d.device)
-            loss, correct, count = task.loss(self.model, x, y)
+            with parallel.autocast(cfg.train.precision, d.device):
+                loss, correct, count = task.loss(self.model, x, y)
+            if i >= len(mine):
+                continue
             loss_sum += float(loss) * count
             correct_sum += float(correct)
             count_sum += count

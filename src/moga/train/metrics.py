@@ -1,7 +1,8 @@
 """Where numbers go: a JSONL file (always), a progress line, TensorBoard and W&B (when asked).
 
 ``metrics.jsonl`` holds one JSON object per line with a ``type``: ``train`` (every log_every steps:
-mean loss since the last record, lr, throughput, and optimizer diagnostics such as the adaptive
+mean loss since the last record, lr, throughput of all processes together, the last step's gradient norm
+before clipping when ``train.grad_clip`` is set, and optimizer diagnostics such as the adaptive
 step's ``eta`` and ``w_norm``, or the depth-paper step rule's ``grad_dual_norm`` and ``smoothness_L``),
 ``eval`` (train/val loss and accuracy), ``diagnostics`` (per-layer norms, every
 ``logging.diagnostics_every`` steps: see :mod:`moga.train.diagnostics`) and ``diverged``.
@@ -118,9 +119,14 @@ def format_rate(x: float) -> str:
 
 
 def progress_line(step: int, total: int, loss: float, lr: float, rate: float, unit: str, eta: float,
-                  extra: dict | None = None) -> str:
+                  extra: dict | None = None, processes: int = 1) -> str:
+    """``rate``: tokens or samples per second of all processes together (each trains on its slice of
+    the global batch, so it is the global batch's size over the step time)."""
     width = len(str(total))
-    parts = [f"step {step:>{width}}/{total}", f"loss {loss:.4f}", f"lr {lr:.2e}",
-             f"{format_rate(rate)} {'tok' if unit == 'tokens' else 'samples'}/s", f"eta {format_duration(eta)}"]
+    throughput = f"{format_rate(rate)} {'tok' if unit == 'tokens' else 'samples'}/s"
+    if processes > 1:
+        throughput += f" over {processes} procs"
+    parts = [f"step {step:>{width}}/{total}", f"loss {loss:.4f}", f"lr {lr:.2e}", throughput,
+             f"eta {format_duration(eta)}"]
     parts += [f"{k} {v:.3g}" for k, v in (extra or {}).items()]
     return " | ".join(parts)

@@ -169,8 +169,9 @@ def build_task(cfg: RunConfig, *, main: bool = True, barrier=lambda: None) -> Ta
                     train_tokens, micro, max(1, train_tokens // per_step), data, seed, d.block_size)
     if d.kind == "image":
         flatten = d.flatten if d.flatten is not None else cfg.model.name in MLP_MODELS
+        # A saved config.yaml sets every key, unset ones as null: those are not options to pass on.
         opts = {k: getattr(d, k) for k in ("root", "val_size", "split_seed", "normalize", "augment",
-                                            "limit_per_class") if k in d.model_fields_set}
+                                            "limit_per_class") if k in d.model_fields_set and getattr(d, k) is not None}
         if opts.get("normalize") == "none":
             opts["normalize"] = None
         data = load_image_dataset(d.name, flatten=flatten, **opts)

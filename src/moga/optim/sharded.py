@@ -1,0 +1,305 @@
+"""Steps on sharded parameters (FSDP2's ``DTensor``) and replicated ones (DDP), with as little traffic as the math allows.
+
+Each geometry reduces over some axes of its logical matrix (row: fan_in, col and embedding: fan_out, sign
+and vector: none, spectral: the whole matrix). On a ``DTensor`` parameter every rank works on its local shard:
+
+- **local**: no sharded tensor dim is reduced over (a Linear ``oi`` or an Embedding ``io`` sharded on dim 0
+  under row, sign, embedding, vector). No collective at all.
+- **reduce**: a reduced dim is sharded (col on a row-sharded Linear, a user's ``Shard(1)`` under row). The
+  geometry's per-row or per-column partial sums are all-reduced over the mesh dims that shard it (one small
+  all-reduce per matrix, never the matrix).
+- **gather** (spectral): the matrices are split among the ranks of the shard group; one all-to-all sends each
+  matrix's shards to its owner, which orthogonalizes it, and a second sends the update's slices back (as in
+  microsoft/dion). Each matrix crosses the network once per step in total, whatever the number of ranks.
+
+Plain tensors under DDP are identical on every rank; there a spectral step is split the same way and one
+all-gather shares the updates (ZeRO-1 style). Geometry factors (``1/fan_in``, ``fan_out^(1/q)``) always use
+the global shape: :class:`ShardLayout` carries it, so the geometries need not know about sharding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from moga.layout import Layout
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a ``DTensor`` (an alias: in-place updates reach the parameter), else ``t``."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@dataclass(frozen=True)
+class ShardLayout(Layout):
+    """A layout whose fan_in/fan_out are those of the global tensor, applied to a local shard."""
+
+    shape: tuple[int, ...] = ()
+
+    def fan_out(self, shape) -> int:
+        self.check(shape)
+        return math.prod(self.shape[d] for d in self.out_dims)
+
+    def fan_in(self, shape) -> int:
+        self.check(shape)
+        return math.prod(self.shape[d] for d in self.in_dims)
+
+    def to_matrix(self, t):
+        return Layout(self.spec).to_matrix(t)
+
+    def from_matrix(self, mat, shape):
+        return Layout(self.spec).from_matrix(mat, shape)
+
+
+def needs_whole(geometry, layout: Layout | None) -> bool:
+    """The geometry reduces over every axis of its matrix (spectral): its step needs the whole matrix."""
+    if layout is None:
+        return False
+    return set(layout.out_dims + layout.in_dims) <= set(geometry.reduced_dims(layout))
+
+
+class ShardingError(ValueError):
+    """A placement the geometry cannot step on; the message names the parameter and the placement."""
+
+
+def sharded_dims(p: torch.Tensor) -> dict[int, list[int]]:
+    """tensor dim -> the mesh dims that shard it, for a DTensor; {} for a plain tensor."""
+    if not isinstance(p, DTensor):
+        return {}
+    out: dict[int, list[int]] = {}
+    for mesh_dim, pl in enumerate(p.placements):
+        if type(pl) is Shard and p.device_mesh.size(mesh_dim) > 1:
+            out.setdefault(pl.dim % p.ndim, []).append(mesh_dim)
+    return out
+
+
+def check_placements(name: str, p: torch.Tensor, geometry, layout: Layout | None) -> None:
+    """Raise :class:`ShardingError` when ``geometry`` cannot step on ``p``'s placements."""
+    if not isinstance(p, DTensor):
+        return
+    for pl in p.placements:
+        if type(pl) not in (Shard, Replicate):
+            raise ShardingError(
+                f"{name}: placement {pl!r} in {p.placements} is not supported; parameters must be Shard(d) or "
+                "Replicate() (a Partial or strided shard is not a parameter layout moga can step on)")
+    shards = sharded_dims(p)
+    if needs_whole(geometry, layout) and (len(shards) > 1 or any(len(m) > 1 for m in shards.values())):
+        raise ShardingError(
+            f"{name}: {geometry} gathers whole matrices and supports one sharded mesh dim, got placements "
+            f"{p.placements}")
+
+
+def check_grad(name, p: torch.Tensor) -> None:
+    """A DTensor parameter's gradient must be sharded like it: the step pairs their local shards.
+    ``name()`` gives the parameter's name for the error."""
+    if isinstance(p, DTensor) and (not isinstance(p.grad, DTensor) or p.grad.placements != p.placements):
+        got = p.grad.placements if isinstance(p.grad, DTensor) else "a plain tensor"
+        raise ShardingError(f"{name()}: parameter with placements {p.placements} has a gradient "
+                            f"with placements {got}; redistribute the gradient like its parameter")
+
+
+def global_layout(p: torch.Tensor, layout: Layout | None) -> Layout | None:
+    """``layout`` for a DTensor's local shard, with fan_in/fan_out of the global tensor."""
+    if layout is None or not isinstance(p, DTensor):
+        return layout
+    return ShardLayout(layout.spec, tuple(p.shape))
+
+
+def _groups(p: DTensor, mesh_dims) -> list:
+    return [p.device_mesh.get_group(m) for m in mesh_dims]
+
+
+def reducer(p: torch.Tensor, geometry, layout: Layout | None):
+    """``reduce(partial, op)`` combining per-row/per-column partials over the ranks that shard the dims
+    ``geometry`` reduces over (in place, returns it); None when those dims are whole on this rank."""
+    if not isinstance(p, DTensor) or layout is None:
+        return None
+    shards = sharded_dims(p)
+    mesh_dims = sorted({m for d in geometry.reduced_dims(layout) for m in shards.get(d, ())})
+    if not mesh_dims:
+        return None
+    groups = _groups(p, mesh_dims)
+
+    def reduce(partial: torch.Tensor, op: str) -> torch.Tensor:
+        rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        for g in groups:
+            dist.all_reduce(partial, op=rop, group=g)
+        return partial
+
+    return reduce
+
+
+def all_ranks(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
+    """AND of boolean ``flags`` over the ranks that hold different shards of these DTensors: an all-reduce MIN
+    per mesh dim that shards one of them, on the device (no host sync). Along a ``Replicate()`` mesh dim (the
+    replicas of HSDP, DDP) the gradients are equal, so the flags already agree there."""
+    meshes: dict = {}  # equal meshes (each fully_shard call may build its own) count once
+    for p in params:
+        for mesh_dims in sharded_dims(p).values():
+            meshes.setdefault(p.device_mesh, set()).update(mesh_dims)
+    if not meshes:
+        return flags
+    t = None
+    for mesh, mesh_dims in meshes.items():
+        t = flags.to(device=mesh.device_type, dtype=torch.int32) if t is None else t.to(mesh.device_type)
+        for m in sorted(mesh_dims):  # NCCL reduces device tensors only
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=mesh.get_group(m))
+    return t.to(flags.device).bool()
+
+
+# --- whole-matrix geometries: split the work among ranks -------------------------------------------------
+
+
+@dataclass
+class WholeJob:
+    """One parameter whose update needs the whole matrix: ``target += lr * lmo(direction)``."""
+
+    param: torch.Tensor  # DTensor or plain: its global shape and placements
+    target: torch.Tensor  # the local tensor the update goes to (the parameter's shard, or its master copy)
+    direction: torch.Tensor  # local, like target
+    geometry: object
+    layout: Layout
+    lr: float | torch.Tensor  # a 0-d tensor when the step may be skipped on the device
+
+    @property
+    def cost(self) -> float:
+        m, n = self.layout.fan_out(self.param.shape), self.layout.fan_in(self.param.shape)
+        b = self.param.numel() // max(1, m * n)
+        return b * m * n * min(m, n)
+
+
+def owners(jobs: list[WholeJob], world: int) -> list[int]:
+    """Greedy balance of Newton-Schulz cost: largest first onto the least loaded rank. Depends only on
+    shapes and order, so every rank computes the same assignment."""
+    load = [0.0] * world
+    owner = [0] * len(jobs)
+    for k in sorted(range(len(jobs)), key=lambda k: (-jobs[k].cost, k)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[k], load[r] = r, load[r] + jobs[k].cost
+    return owner
+
+
+def _full_update(job: WholeJob, full_direction: torch.Tensor) -> torch.Tensor:
+    upd = torch.zeros_like(full_direction)
+    job.geometry.apply_lmo_(upd, full_direction, job.lr, job.layout)
+    return upd
+
+
+def _chunks(size: int, world: int) -> list[int]:
+    """Sizes of torch.chunk(size, world) padded to world entries: DTensor's Shard split."""
+    c = -(-size // world)
+    return [max(0, min(c, size - k * c)) for k in range(world)]
+
+
+def _shard_shapes(shape, dim: int, world: int) -> list[tuple[int, ...]]:
+    return [tuple(s if d != dim else n for d, s in enumerate(shape)) for n in _chunks(shape[dim], world)]
+
+
+def step_whole(jobs: list[WholeJob]) -> None:
+    """Whole-matrix steps: DTensors within their shard groups, plain tensors (replicated) across the world."""
+    step_whole_sharded([j for j in jobs if isinstance(j.param, DTensor)])
+    step_whole_replicated([j for j in jobs if not isinstance(j.param, DTensor)])
+
+
+def step_whole_sharded(jobs: list[WholeJob]) -> None:
+    """Spectral steps on DTensors sharded along one mesh dim: two all-to-alls per (mesh group, dtype)."""
+    if not jobs:
+        return
+    buckets: dict[tuple, tuple] = {}
+    for job in jobs:
+        shards = sharded_dims(job.param)
+        if not shards:  # replicated on its mesh: every rank holds it whole
+            job.target.add_(_full_update(job, job.direction))
+            continue
+        (dim, (mesh_dim,)), = shards.items()
+        mesh = job.param.device_mesh
+        key = (mesh, mesh_dim, dim, job.direction.dtype)  # equal meshes built by separate calls: one bucket
+        buckets.setdefault(key, (mesh.get_group(mesh_dim), []))[1].append(job)
+    for (_, _, dim, dtype), (group, bucket) in buckets.items():
+        _exchange(bucket, group, dim, dtype)
+
+
+def _exchange(jobs: list[WholeJob], group, dim: int, dtype) -> None:
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    owner = owners(jobs, world)
+    shapes = [_shard_shapes(tuple(j.param.shape), dim, world) for j in jobs]
+    numel = lambda s: math.prod(s)  # noqa: E731
+    mine = [k for k in range(len(jobs)) if owner[k] == me]
+    # 1. every rank sends its shard of matrix k to owner[k]
+    send = [jobs[k].direction.reshape(-1) for r in range(world) for k in range(len(jobs)) if owner[k] == r]
+    in_splits = [sum(numel(shapes[k][me]) for k in range(len(jobs)) if owner[k] == r) for r in range(world)]
+    out_splits = [sum(numel(shapes[k][s]) for k in mine) for s in range(world)]
+    recv = _all_to_all(send, in_splits, out_splits, dtype, group)
+    pieces: dict[int, list[torch.Tensor]] = {k: [] for k in mine}
+    offset = 0
+    for s in range(world):
+        for k in mine:
+            n = numel(shapes[k][s])
+            pieces[k].append(recv[offset: offset + n].view(shapes[k][s]))
+            offset += n
+    # 2. owners compute whole updates and send each rank its slice
+    updates = {k: _full_update(jobs[k], torch.cat(pieces[k], dim=dim)) for k in mine}
+    send = [u.contiguous().reshape(-1) for s in range(world) for k in mine
+            for u in (_slice(updates[k], dim, world, s),)]
+    back = _all_to_all(send, out_splits, in_splits, dtype, group)
+    offset = 0
+    for r in range(world):
+        for k in range(len(jobs)):
+            if owner[k] == r:
+                n = numel(shapes[k][me])
+                jobs[k].target.add_(back[offset: offset + n].view(shapes[k][me]))
+                offset += n
+
+
+def _slice(t: torch.Tensor, dim: int, world: int, s: int) -> torch.Tensor:
+    sizes = _chunks(t.shape[dim], world)
+    return t.narrow(dim, sum(sizes[:s]), sizes[s])
+
+
+def _all_to_all(send: list[torch.Tensor], in_splits, out_splits, dtype, group) -> torch.Tensor:
+    flat = torch.cat(send) if send else torch.empty(0, dtype=dtype)
+    out = torch.empty(sum(out_splits), dtype=dtype, device=flat.device)
+    dist.all_to_all_single(out, flat.to(dtype), out_splits, in_splits, group=group)
+    return out
+
+
+def step_whole_replicated(jobs: list[WholeJob], group=None) -> None:
+    """Spectral steps on replicated plain tensors (DDP): each rank computes its share, one all-gather."""
+    if not jobs:
+        return
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    by_dtype: dict[torch.dtype, list[WholeJob]] = {}
+    for job in jobs:
+        by_dtype.setdefault(job.direction.dtype, []).append(job)
+    for dtype, bucket in by_dtype.items():
+        owner = owners(bucket, world)
+        sizes = [sum(bucket[k].param.numel() for k in range(len(bucket)) if owner[k] == r) for r in range(world)]
+        width = max(sizes)
+        device = bucket[0].param.device
+        mine = torch.zeros(width, dtype=dtype, device=device)
+        offset = 0
+        for k, job in enumerate(bucket):
+            if owner[k] == me:
+                n = job.param.numel()
+                mine[offset: offset + n] = _full_update(job, job.direction).reshape(-1)
+                offset += n
+        everything = torch.empty(world * width, dtype=dtype, device=device)
+        dist.all_gather_into_tensor(everything, mine, group=group)
+        offsets = [r * width for r in range(world)]
+        for k, job in enumerate(bucket):
+            n = job.param.numel()
+            job.target.add_(everything[offsets[owner[k]]: offsets[owner[k]] + n].view(job.param.shape))
+            offsets[owner[k]] += n
+
+
+def replicated_world(distributed: bool | None) -> bool:
+    """Whether plain (replicated) parameters split whole-matrix work: ``None`` means when torch.distributed
+    is initialized with more than one rank."""
+    ready = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if distributed and not ready:
+        raise RuntimeError("distributed=True needs torch.distributed initialized with world size > 1")
+    return ready if distributed is None else bool(distributed)

@@ -1,0 +1,129 @@
+"""Sharded checkpoints for ``train.parallel=fsdp``: ``torch.distributed.checkpoint`` (DCP), written atomically.
+
+A sharded checkpoint is a directory, ``checkpoint.dcp/``: every rank writes its shards of the model and
+optimizer state (``torch.distributed.checkpoint.state_dict.get_state_dict``) and rank 0 adds
+``engine.pt``, an ordinary checkpoint file (:mod:`moga.train.checkpoint`) with everything else: step,
+config and its hash, every rank's RNG state, the data position, the loss window. DCP stores each tensor
+with its global shape and offsets, so a checkpoint saved on N processes loads on M: DCP reads each new
+shard from whichever files hold it.
+
+Atomic: the ranks write ``.checkpoint.dcp.tmp/``; once all are done rank 0 moves the old directory
+aside, renames the new one in and deletes the old. A kill while writing leaves the previous checkpoint
+as it was; a kill between the two renames leaves the previous one under ``.checkpoint.dcp.old``, which
+:func:`find_sharded` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+DIRECTORY, ENGINE = "checkpoint.dcp", "engine.pt"
+IN_DCP = "torch.distributed.checkpoint"  # what engine.pt holds for the model and optimizer: look there
+
+
+def _aside(path: Path, what: str) -> Path:
+    return path.with_name(f".{path.name}.{what}")
+
+
+def find_sharded(path: str | Path) -> Path | None:
+    """The complete sharded checkpoint at ``path`` (or the previous one, after a kill mid-rename)."""
+    path = Path(path)
+    for candidate in (path, _aside(path, "old")):
+        if (candidate / ENGINE).is_file():
+            return candidate
+    return None
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, engine: dict,
+                 *, main: bool, barrier) -> Path:
+    """Every rank calls this; ``engine`` (rank 0's) is the rest of the run's state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = Path(path)
+    tmp, old = _aside(path, "tmp"), _aside(path, "old")
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)  # a save killed earlier
+        tmp.mkdir(parents=True)
+    barrier()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
+    barrier()  # every rank's shards are on disk
+    if main:
+        save_checkpoint(tmp / ENGINE, {**engine, "model": IN_DCP, "optimizer": IN_DCP})
+        _fsync_dir(tmp)
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return path
+
+
+def load_engine_state(path: str | Path, config: dict | None = None, config_hash: str | None = None) -> dict:
+    """``engine.pt`` of a sharded checkpoint, checked like a one-file checkpoint."""
+    found = find_sharded(path)
+    if found is None:
+        raise CheckpointError(f"{path} holds no complete sharded checkpoint (no {ENGINE})")
+    state = load_checkpoint(found / ENGINE, config, config_hash)
+    if state.get("model") != IN_DCP:
+        raise CheckpointError(f"{found / ENGINE} is not the engine state of a sharded checkpoint")
+    state["directory"] = str(found)
+    return state
+
+
+def load_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Every rank calls this: load the model and optimizer shards into the sharded model (any process count)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    found = find_sharded(path)
+    if found is None:
+        raise CheckpointError(f"{path} holds no complete sharded checkpoint")
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    try:
+        dcp.load(state, checkpoint_id=str(found))
+    except Exception as e:  # a missing or truncated shard file, or another model's keys
+        raise CheckpointError(f"{found} cannot be loaded into this model and optimizer "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def consolidate(path: str | Path) -> dict:
+    """The full (unsharded) ``{"model": ..., "optimizer": ...}`` of a sharded checkpoint, in one process.
+
+    For inspection and export: ``consolidate("runs/x/checkpoint.dcp")["model"]`` is a plain state dict.
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    found = find_sharded(path)
+    if found is None:
+        raise CheckpointError(f"{path} holds no complete sharded checkpoint")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "full.pt"
+        dcp_to_torch_save(str(found), str(out))
+        return torch.load(out, map_location="cpu", weights_only=True)

@@ -1,0 +1,32 @@
+"""`moga bench distributed`: the records and the communication targets, on small shapes (timings not asserted).
+Two blocks: each `fully_shard` call builds its own (equal) mesh, and the collectives must not multiply."""
+
+import json
+
+from typer.testing import CliRunner
+
+from moga.bench.distributed import OPTIMIZERS
+from moga.cli import app
+
+
+def test_bytes_per_optimizer_meet_the_targets():
+    result = CliRunner().invoke(app, ["bench", "distributed", "--blocks", "2", "--vocab", "64", "--width", "32", "--repeats", "1", "--json",
+                                      "--only", "torch-adamw", "--only", "moga-row-p2", "--only", "moga-col-q2",
+                                      "--only", "moga-muon"])
+    assert result.exit_code == 0, result.output
+    records = {r["name"]: r for r in json.loads(result.output)}
+    assert records["torch-adamw"]["bytes_all_ranks"] == 0
+    flag = 4 * 2  # the skip decision: one int32 per rank
+    assert records["moga-row-p2"]["bytes_all_ranks"] == flag
+    col = records["moga-col-q2"]
+    assert col["collectives"]["allreduce_"] == col["matrices"] + 1
+    assert col["bytes_all_ranks"] == flag + 2 * 4 * col["fan_in_floats"]  # n floats per matrix, per rank
+    muon = records["moga-muon"]
+    assert muon["collectives"] == {"allreduce_": 1, "alltoall_base_": 2}
+    assert muon["bytes_all_ranks"] == flag + 2 * muon["matrix_bytes"]  # each matrix out to its owner and back
+
+
+def test_unknown_name_is_an_error():
+    result = CliRunner().invoke(app, ["bench", "distributed", "--only", "adam"])
+    assert result.exit_code != 0 and "unknown optimizer" in result.output and "moga-muon" in result.output
+    assert "torch-adamw" in OPTIMIZERS

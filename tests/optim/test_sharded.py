@@ -1,0 +1,128 @@
+"""moga's optimizers on FSDP2 (DTensor) parameters and under DDP: 2 gloo processes, one launch for the file.
+
+Each case compares 5 steps with the same optimizer in one process and counts the collectives the step
+issues (moga.bench.comm.CommLog around ``opt.step()``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch.multiprocessing as mp
+
+from .sharded_worker import FSDP_CASES, run
+
+WORLD = 2
+TOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded")
+    mp.start_processes(run, args=(WORLD, str(out / "init"), str(out)), nprocs=WORLD, start_method="spawn")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def case(results, key):
+    for r in results:
+        assert "error" not in r[key], r[key].get("error")
+    return results
+
+
+def ops(calls):
+    return sorted(name for name, _ in calls)
+
+
+FLAG = ("allreduce_", 4)  # the skip decision: one int32, ANDed over the ranks
+
+
+@pytest.mark.parametrize("name", list(FSDP_CASES))
+def test_fsdp_step_equals_one_process(results, name):
+    for r in case(results, f"fsdp/{name}"):
+        got = r[f"fsdp/{name}"]
+        assert got["placements"] == ["(Shard(dim=0),)"]
+        assert got["diff"] <= TOL, got["diff"]
+        assert got["state_sharded"]
+
+
+@pytest.mark.parametrize("name", ["row-p2", "row-p1.5", "sign", "embedding-q3", "scaled-adamw"])
+def test_local_geometries_on_shard0_communicate_only_the_skip_flag(results, name):
+    for r in case(results, f"fsdp/{name}"):
+        assert r[f"fsdp/{name}"]["calls"] == [list(FLAG)]
+
+
+def test_col_all_reduces_one_vector_per_matrix(results):
+    for r in case(results, "fsdp/col-q2"):
+        got = r["fsdp/col-q2"]
+        reduces = [c for c in got["calls"] if c != list(FLAG)]
+        assert len(reduces) == got["matrices"] and all(name == "allreduce_" for name, _ in reduces)
+        # per matrix: n = fan_in floats (one partial sum per column), never the matrix
+        assert sum(b for _, b in reduces) < got["matrix_bytes"] / 4
+
+
+def test_muon_gathers_each_matrix_once_in_total(results):
+    total = 0
+    for r in case(results, "fsdp/muon"):
+        got = r["fsdp/muon"]
+        assert ops(got["calls"]) == ["allreduce_", "alltoall_base_", "alltoall_base_"]  # the flag, in, out
+        total += sum(b for name, b in got["calls"] if name == "alltoall_base_")
+    # in (shards to owners) and out (update slices back): each rank's own shard is part of its payload
+    assert total == 2 * got["matrix_bytes"]
+
+
+@pytest.mark.parametrize("name", ["row-p1.5", "muon"])
+def test_hsdp_mesh(results, name):
+    for r in case(results, f"hsdp/{name}"):
+        got = r[f"hsdp/{name}"]
+        assert got["placements"] == ["(Replicate(), Shard(dim=0))"]
+        assert got["diff"] <= TOL and got["state_sharded"]
+
+
+@pytest.mark.parametrize("key, reduces", [
+    ("user/row(p=2)/Shard(dim=1)", 1), ("user/col(q=2)/Shard(dim=0)", 1),  # sums of squares
+    ("user/row(p=1.5)/Shard(dim=1)", 2),  # the row maximum (|g|^p at any magnitude), then the sums
+    ("user/row(p=inf)/Shard(dim=1)", 2),  # the row maximum, then the number of entries that reach it
+    ("user/col(q=3)/Shard(dim=1)", 0), ("user/sign/Shard(dim=1)", 0),
+])
+def test_user_placements(results, key, reduces):
+    for r in case(results, key):
+        got = r[key]
+        assert got["diff"] <= TOL, got["diff"]
+        partials = [c for c in got["calls"] if c != list(FLAG)]
+        assert len(partials) == reduces and all(name == "allreduce_" for name, _ in partials)
+        assert all(b == 12 * 4 if "row" in key else b == 10 * 4 for _, b in partials)  # one float per row/col
+
+
+def test_spectral_on_shard1(results):
+    for r in case(results, "user/spectral/Shard(dim=1)"):
+        assert r["user/spectral/Shard(dim=1)"]["diff"] <= TOL
+
+
+def test_ddp_muon_splits_the_work_and_equals_one_process(results):
+    orthogonalized = 0
+    for r in case(results, "ddp/muon"):
+        got = r["ddp/muon"]
+        assert got["diff"] <= TOL
+        assert 0 < got["orthogonalized"] < got["matrices"]
+        assert ops(got["calls"]) == ["_allgather_base_"]
+        orthogonalized += got["orthogonalized"]
+    assert orthogonalized == got["matrices"]
+
+
+def test_real_ddp_muon_equals_one_process_on_the_whole_batch(results):
+    for r in case(results, "ddp/gpt"):
+        assert r["ddp/gpt"]["diff"] <= TOL
+        assert ops(r["ddp/gpt"]["calls"]) == ["_allgather_base_"]
+
+
+def test_nan_on_one_rank_skips_on_all(results):
+    for r in case(results, "nonfinite"):
+        assert r["nonfinite"] == {"skipped": 1, "unchanged": True}
+
+
+def test_bad_placement_names_parameter_and_placement(results):
+    for r in results:
+        assert "blocks.0.mlp.c_fc.weight" in r["error/partial"] and "Partial" in r["error/partial"]
+        assert "blocks.0.mlp.c_fc.weight" in r["error/strided"] and "_StridedShard" in r["error/strided"]
+        assert "lm_head.weight" in r["error/grad"] and "Shard(dim=1)" in r["error/grad"]

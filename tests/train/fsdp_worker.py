@@ -1,0 +1,35 @@
+"""The torchrun half of test_fsdp.py: every 2-process run in one launch (each process imports torch once).
+
+``python -m torch.distributed.run --nproc-per-node 2 fsdp_worker.py JOBS.json``; each job is
+``{"dir", "config", "stops": [steps to stop and checkpoint at], "snapshot": dir to copy the run to after
+the stops, or null}``. Every run ends finished.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import torch.distributed as dist
+
+from moga.train import run
+
+
+def main(jobs_path: str) -> None:
+    dist.init_process_group("gloo")  # run() joins this group instead of making its own
+    try:
+        for job in json.loads(open(jobs_path).read()):
+            for stop in job.get("stops", []):
+                assert run(job["config"], job["dir"], stop_at=stop, quiet=True)["status"] == "stopped"
+            if job.get("snapshot"):
+                if dist.get_rank() == 0:
+                    shutil.copytree(job["dir"], job["snapshot"])
+                dist.barrier()
+            assert run(job["config"], job["dir"], quiet=True)["status"] == "finished"
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
