@@ -8,6 +8,7 @@ from moga.bench.cli import bench_app
 from moga.data.cli import data_app
 from moga.experiments.coordcheck import coordcheck_command
 from moga.experiments.demo import demo_command
+from moga.experiments.reproduce.cli import reproduce_command
 from moga.experiments.smoothness.cli import smoothness_command
 from moga.sweep.cli import sweep
 from moga.sweep.report.cli import report_command
@@ -21,6 +22,7 @@ app.command("sweep")(sweep)
 app.command("report")(report_command)
 app.command("smoothness")(smoothness_command)
 app.command("demo")(demo_command)
+app.command("reproduce")(reproduce_command)
 app.command("coordcheck")(coordcheck_command)
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")

@@ -77,10 +77,39 @@ def test_tiny_sweep_end_to_end(tmp_path):
     assert (tmp_path / "report" / "report.html").is_file() and paths
 
 
-def test_a_changed_config_is_refused(tmp_path):
+def test_extending_the_grid_keeps_finished_cells_and_runs_only_new_ones(tmp_path):
+    out = tmp_path / "out"
+    small = {"optim.name": ["moga"], "model.depth": [1], "optim.lr": [0.05, 0.1]}
+    run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
+    store = SweepStore(out)
+    before = final_losses(store)
+    # more lr values and a new scale, minus one excluded cell
+    wider = {"optim.name": ["moga"], "model.depth": [1, 3], "optim.lr": [0.025, 0.05, 0.1]}
+    sweep = Sweep.from_file(write_sweep(tmp_path, axes=wider, exclude=[{"model.depth": 3, "optim.lr": 0.025}]))
+    counts = run_sweep(sweep, out, progress=False)
+    assert counts["finished"] == 2 + 3 and len(sweep.cells) == 5
+    after = final_losses(store)
+    assert {k: after[k] for k in before} == before  # the finished cells are untouched
+    assert set(finish_events(store).values()) == {1}  # and none ran twice
+    claimed = Counter(e["cell"] for e in store.events() if e["event"] == "claim")
+    assert all(claimed[k] == 1 for k in after)
+    assert any(e["event"].startswith("extend +3") for e in store.events())
+    # narrowing the grid again keeps the finished cells in the store, out of the records
+    run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
+    assert len(store.cells()) == 5 and len(records(store)) == 2
+
+
+def test_a_different_base_config_is_refused(tmp_path):
     run_sweep(Sweep.from_file(write_sweep(tmp_path, axes={**AXES, "model.depth": [1]})), tmp_path / "out", progress=False)
-    with pytest.raises(ValueError, match="different sweep"):
-        run_sweep(Sweep.from_file(write_sweep(tmp_path)), tmp_path / "out", progress=False)
+    path = tmp_path / "sweep.yaml"
+    changed = {**BASE, "train": {"steps": 13, "batch_size": 32}}
+    path.write_text(yaml.safe_dump({"base": changed, "axes": AXES, "scale_key": "model.depth"}))
+    with pytest.raises(ValueError, match="different sweep .its base config changed: train.steps"):
+        run_sweep(Sweep.from_file(path), tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match="its axes changed"):  # a new axis changes what every cell means
+        run_sweep(Sweep.from_file(write_sweep(tmp_path, axes={**AXES, "model.width": [16]})), tmp_path / "out",
+                  progress=False)
+    assert len(SweepStore(tmp_path / "out").cells()) == 4  # refused before anything was written
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -71,3 +71,17 @@ def test_shipped_sweep_configs_are_valid():
     assert configs
     for path in configs:
         assert Sweep.from_file(path).cells
+
+
+def test_two_scale_keys():
+    from moga.sweep.spec import Sweep, SweepError
+
+    base = {"model": {"name": "residual_mlp", "width": 16}, "data": {"name": "digits"}, "train": {"steps": 2}}
+    axes = {"model.width": [8, 16], "model.depth": [1, 2], "optim.lr": [0.1]}
+    sweep = Sweep.from_dict({"base": base, "axes": axes, "scale_keys": ["model.width", "model.depth"]})
+    assert sweep.spec.scale_key == "model.width" and sweep.spec.all_scale_keys == ["model.width", "model.depth"]
+    with pytest.raises(SweepError, match="'model.n_layer' is not an axis"):
+        Sweep.from_dict({"base": base, "axes": axes, "scale_keys": ["model.width", "model.n_layer"]})
+    with pytest.raises(SweepError, match="must be the first of scale_keys"):
+        Sweep.from_dict({"base": base, "axes": axes, "scale_key": "model.depth",
+                         "scale_keys": ["model.width", "model.depth"]})

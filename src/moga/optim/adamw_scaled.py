@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from moga.geometry import INF, Embedding, Sign
 from moga.optim.base import GeometryOptimizer
 from moga.roles import role_geometries
@@ -26,11 +28,15 @@ class ScaledAdamW(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        state_dtype: torch.dtype | str = torch.float32,
+        master_weights: bool = False,
         kernel: str = "auto",
     ):
         self.role_geometries = role_geometries(Sign(), Embedding(q=INF), "adamw", update="adam")
         # Plain params get the hidden-matrix rule; a model's role plan decides per parameter.
         super().__init__(
             params, lr, 0.0, False, weight_decay, betas, eps, geometry=Sign(), update="adam",
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite, kernel=kernel,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            state_dtype=state_dtype, master_weights=master_weights,
+            kernel=kernel,
         )

@@ -87,6 +87,13 @@ class GeometryOptimizer(Optimizer):
     steps smaller than the parameter's precision still accumulate. Without it, 16-bit parameters are
     updated in place (the update computed in float32, then rounded).
 
+    Measured on GPT-2-small matrices (768x768, 3072x768, 768x3072; weights ~0.02, gradients ~1e-3, default
+    lr), one bf16 step against the float32 step from the same weights, as relative errors of the update
+    (and of the weights): MOGA row(2) 0.63 (9.8e-4) in place, 1.7e-3 (2.6e-6) in the master copy; Muon
+    0.064 (1.7e-3) in place, 2.1e-3 (5.6e-5) in the master copy; ScaledAdamW 0.93 (3.6e-4) in place,
+    3.0e-5 (1.2e-8) in the master copy. In place, updates below half a bf16 spacing of the weight are lost:
+    use master weights for bf16 training. bfloat16 state on float32 parameters: 1.9e-3 (2.3e-5) after 10
+    MOGA steps.
     Kernels. ``kernel="auto"`` (default) runs the fused one-pass step of :mod:`moga.kernels` (C++ on CPU,
     compiled on CUDA) for the row, col, sign and embedding groups it covers, and falls back to the plain
     path, with a one-line warning, when it cannot be built; ``"cpp"`` insists on it, ``"torch"`` never

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from moga.geometry import Embedding, Geometry, Row
 from moga.optim.base import GeometryOptimizer
 from moga.roles import MOGA_GEOMETRIES, role_geometries
@@ -38,10 +40,14 @@ class MOGA(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        state_dtype: torch.dtype | str = torch.float32,
+        master_weights: bool = False,
         kernel: str = "auto",
     ):
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=geometry,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite, kernel=kernel,
+            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            state_dtype=state_dtype, master_weights=master_weights,
+            kernel=kernel,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from moga.geometry import Embedding, Spectral
 from moga.optim.base import GeometryOptimizer
 from moga.roles import role_geometries
@@ -44,6 +46,8 @@ class Muon(GeometryOptimizer):
         geometries=None,
         overrides=None,
         nonfinite: str = "skip",
+        state_dtype: torch.dtype | str = torch.float32,
+        master_weights: bool = False,
         distributed: bool | None = None,
         kernel: str = "auto",
     ):
@@ -52,5 +56,6 @@ class Muon(GeometryOptimizer):
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
             geometries=geometries, overrides=overrides, nonfinite=nonfinite,
-            distributed=distributed, kernel=kernel,
+            state_dtype=state_dtype, master_weights=master_weights, distributed=distributed,
+            kernel=kernel,
         )

@@ -50,12 +50,20 @@ def _torch(cls):
     return build
 
 
+def _moga(model, weight_decay=0.0, matrices=None, **kw):
+    """MOGA; ``matrices`` (e.g. 'col(q=2)', column normalization) replaces row(p) on every matrix but the readout."""
+    if matrices is not None:
+        kw["geometries"] = {role: matrices for role in ("input", "hidden", "conv")}
+    return MOGA(model, weight_decay=weight_decay, **kw)
+
+
 def _adaptive(model, weight_decay=0.0, lr=1.0, layers=None):
     return AdaptiveGD(model.parameters(), alpha=lr, layers=layers)
 
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {e.name: e for e in (
-    OptimizerEntry("moga", _geometry(MOGA), _GEOMETRY_KEYS | {"momentum", "nesterov", "p", "embedding_q", "vectors"},
+    OptimizerEntry("moga", _moga, _GEOMETRY_KEYS | {"momentum", "nesterov", "p", "embedding_q", "vectors",
+                                                    "matrices"},
                    unit_steps=True, description="MOGA: row(p) on matrices"),
     OptimizerEntry("muon", _geometry(Muon), _GEOMETRY_KEYS | {"momentum", "nesterov", "embedding_q", "vectors",
                                                               "scale", "ns_steps", "ns_dtype"},

@@ -11,10 +11,12 @@ METRICS = ("final_train_loss", "train_eval_loss", "val_loss", "val_acc", "train_
 
 
 def records(store: SweepStore) -> list[dict]:
-    """One flat dict per settled cell: its axis values, status and final metrics (inf when diverged)."""
+    """One flat dict per settled cell of the current grid: its axis values, status and final metrics (inf when
+    diverged). Finished cells an extension left out of the grid stay in the store, not in the records."""
     out = []
+    grid = store.grid()
     for cell in store.cells():
-        if cell["status"] not in DONE:
+        if cell["status"] not in DONE or (grid is not None and cell["id"] not in grid):
             continue
         result = cell["result"] or {}
         rec = {**cell["params"], "cell": cell["id"], "status": cell["status"]}

@@ -16,7 +16,11 @@ axes:
 exclude:                          # cells matching every key of an entry are dropped
   - {optim.name: muon, model.depth: 32}
 scale_key: model.depth            # the axis the report draws one curve per value of
+# scale_keys: [model.width, model.depth]   # or two scale axes: a curve per pair and a regret heat map
 ```
+
+Re-running a sweep whose grid grew (more lr values or scales, other exclusions) keeps every finished
+cell and runs only the new ones; a changed base config is refused (``moga.sweep.store``).
 
 A cell is the dict of its axis values; its id is a hash of that dict, so the same grid always maps to the
 same run directories.
@@ -31,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from moga.train.config import ConfigError, apply_overrides, build_config, read_config_file
 
@@ -55,6 +59,9 @@ class SweepSpec(BaseModel):
     axes: dict[str, Any] = Field(description="dotted key -> values, or a dependent axis {by, values}")
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="cells matching an entry are dropped")
     scale_key: str = Field("model.depth", description="axis of model scale (one curve per value in the report)")
+    scale_keys: list[str] | None = Field(None, description="two (or more) scale axes at once, e.g. [model.width, "
+                                         "model.depth]: the report gives each pair a curve and a regret map; "
+                                         "the first is scale_key")
     lr_key: str = Field("optim.lr", description="the learning-rate axis (x of the report's figures)")
     early_stop_diverged: bool = Field(False, description="skip a cell once a smaller lr of its row has diverged")
     heartbeat_timeout: float = Field(120.0, gt=0, description="seconds without a heartbeat before a claim is retaken")
@@ -65,6 +72,20 @@ class SweepSpec(BaseModel):
         if not axes:
             raise ValueError("a sweep needs at least one axis")
         return axes
+
+    @model_validator(mode="after")
+    def _primary_scale_key(self):
+        if self.scale_keys is not None:
+            if not self.scale_keys or len(set(self.scale_keys)) != len(self.scale_keys):
+                raise ValueError(f"scale_keys must name distinct axes, got {self.scale_keys}")
+            if "scale_key" in self.model_fields_set and self.scale_key != self.scale_keys[0]:
+                raise ValueError(f"scale_key {self.scale_key!r} must be the first of scale_keys {self.scale_keys}")
+            self.scale_key = self.scale_keys[0]
+        return self
+
+    @property
+    def all_scale_keys(self) -> list[str]:
+        return list(self.scale_keys or [self.scale_key])
 
 
 def expand_values(values: Any, where: str) -> list:
@@ -180,7 +201,7 @@ class Sweep:
                 model_kwargs(self.config(cell))  # also checks the model's own keys against its constructor
             except ConfigError as e:
                 raise SweepError(f"cell {cell} does not make a valid training config: {e}") from None
-        for key in (self.spec.scale_key, self.spec.lr_key):
+        for key in (*self.spec.all_scale_keys, self.spec.lr_key):
             if key not in self.spec.axes:
                 raise SweepError(f"{key!r} is not an axis; set scale_key/lr_key to one of {list(self.spec.axes)}")
 

@@ -67,6 +67,38 @@ def _is_zombie(pid: int) -> bool:
         return False
 
 
+# What an extension may change: the grid (axis values, exclusions) and how it is run and drawn.
+EXTENSIBLE = {"name", "axes", "exclude", "scale_key", "scale_keys", "early_stop_diverged", "heartbeat_timeout"}
+
+
+def incompatible(stored: dict, sweep: Sweep) -> str | None:
+    """Why ``sweep`` cannot extend the stored definition, or None when it only changes the grid."""
+    from moga.sweep.spec import SweepSpec
+
+    base = json.loads(json.dumps(sweep.base))
+    if stored["base"] != base:
+        changed = sorted(_changed_keys(stored["base"], base))
+        return f"its base config changed: {', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''}"
+    old = SweepSpec.model_validate(stored["spec"]).model_dump(mode="json")
+    new = sweep.spec.model_dump(mode="json")
+    for key in sorted(set(old) | set(new)):
+        if key not in EXTENSIBLE and key != "base" and old.get(key) != new.get(key):
+            return f"its {key} changed"
+    if list(old["axes"]) != list(new["axes"]):
+        return f"its axes changed from {list(old['axes'])} to {list(new['axes'])}"
+    for key, values in new["axes"].items():
+        was = old["axes"][key]
+        if isinstance(was, dict) and isinstance(values, dict) and "by" in was and was.get("by") != values.get("by"):
+            return f"axis {key} now depends on {values.get('by')!r}, not {was.get('by')!r}"
+    return None
+
+
+def _changed_keys(a, b, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in set(a) | set(b) for k in _changed_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
 class SweepStore:
     def __init__(self, sweep_dir: str | Path):
         self.dir = Path(sweep_dir)
@@ -99,10 +131,17 @@ class SweepStore:
 
     # --- creation ------------------------------------------------------------------------------------
 
-    def create_or_check(self, sweep: Sweep) -> None:
-        """Write the grid on first use; afterwards insist that the sweep is the same one."""
+    def create_or_check(self, sweep: Sweep) -> dict:
+        """Write the grid on first use; afterwards insist that it is the same sweep, or an extension of it.
+
+        An extension changes only the grid: more lr values or scales, other values or exclusions. Every cell
+        already in the store is kept (finished cells are never run again); the new cells are added and
+        pending cells that left the grid are dropped. A different base config, lr key or set of axes is a
+        different sweep and is refused. Returns {"added": n, "dropped": n}.
+        """
         self.dir.mkdir(parents=True, exist_ok=True)
         definition = json.dumps(sweep.to_dict(), sort_keys=True)
+        grid = [cell_id(c) for c in sweep.cells]
         with self._connect() as con:
             con.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
             con.executescript(SCHEMA)
@@ -111,14 +150,44 @@ class SweepStore:
             if row is None:
                 con.execute("INSERT INTO meta VALUES ('sweep', ?)", (definition,))
                 con.execute("INSERT INTO meta VALUES ('created', ?)", (str(time.time()),))
+                con.execute("INSERT INTO meta VALUES ('grid', ?)", (json.dumps(grid),))
                 con.executemany(
                     "INSERT INTO cells (id, idx, params, updated) VALUES (?, ?, ?, ?)",
-                    [(cell_id(c), i, json.dumps(c), time.time()) for i, c in enumerate(sweep.cells)],
+                    [(cid, i, json.dumps(c), time.time()) for i, (cid, c) in enumerate(zip(grid, sweep.cells))],
                 )
-            elif row[0] != definition:
+                return {"added": len(grid), "dropped": 0}
+            if row[0] == definition:
+                return {"added": 0, "dropped": 0}
+            why = incompatible(json.loads(row[0]), sweep)
+            if why:
                 raise SweepError(
-                    f"{self.dir} holds a different sweep (its config changed since it was created); "
-                    "give a new output directory, or restore the original config to resume it")
+                    f"{self.dir} holds a different sweep ({why}); give a new output directory, or restore the "
+                    "original config to resume it. Only the grid may change: lr values, scales, exclusions")
+            return self._extend(con, sweep, grid, definition)
+
+    def _extend(self, con, sweep: Sweep, grid: list[str], definition: str) -> dict:
+        now = time.time()
+        have = {cid for (cid,) in con.execute("SELECT id FROM cells")}
+        start = con.execute("SELECT COALESCE(MAX(idx), -1) + 1 FROM cells").fetchone()[0]
+        new = [(cid, c) for cid, c in zip(grid, sweep.cells) if cid not in have]
+        con.executemany("INSERT INTO cells (id, idx, params, updated) VALUES (?, ?, ?, ?)",
+                        [(cid, start + i, json.dumps(c), now) for i, (cid, c) in enumerate(new)])
+        keep = set(grid)
+        gone = [cid for (cid,) in con.execute("SELECT id FROM cells WHERE status IN ('pending', 'failed')")
+                if cid not in keep]
+        con.executemany("DELETE FROM cells WHERE id = ?", [(cid,) for cid in gone])
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('sweep', ?)", (definition,))
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('grid', ?)", (json.dumps(grid),))
+        con.execute("INSERT INTO events (cell, event, owner, time) VALUES ('*', ?, NULL, ?)",
+                    (f"extend +{len(new)} -{len(gone)}", now))
+        return {"added": len(new), "dropped": len(gone)}
+
+    def grid(self) -> set[str] | None:
+        """The ids of the current grid's cells (None for a store from before grids were recorded). Finished
+        cells that an extension left out of the grid stay in the store but not in the grid."""
+        with self._connect() as con:
+            row = con.execute("SELECT value FROM meta WHERE key = 'grid'").fetchone()
+        return set(json.loads(row[0])) if row else None
 
     def definition(self) -> dict:
         with self._connect() as con:

@@ -139,6 +139,9 @@ class OptimConfig(_Section):
     layers: int | None = Field(None, ge=1, description="adaptive-gd: L, the number of layers "
                                "(default: from the model)")
     overrides: dict[str, str] | None = Field(None, description="role-plan overrides {parameter glob: role}")
+    matrices: str | None = Field(None, description="moga: the geometry of input, hidden and conv matrices in "
+                                 "place of row(p), e.g. 'col(q=2)' (the width paper's column normalization); "
+                                 "the readout keeps row(p)")
     nonfinite: Literal["skip", "raise"] | None = Field(None, description="moga family: non-finite gradients")
     step_rule: Literal["lr", "depth_paper"] = Field(
         "lr", description="lr: the schedule's rate; depth_paper (moga, muon, adamw-scaled): "

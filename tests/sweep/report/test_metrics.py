@@ -41,7 +41,7 @@ def test_off_grid_optimum_is_refined_exactly_and_transfers():
     assert p.verdict_line.startswith("transfers: the optimum stays at lr=2^-4 from K=2 to K=32, no regret")
 
 
-def test_one_grid_step_of_drift_transfers_with_its_regret():
+def test_one_grid_step_of_drift_with_a_large_regret_does_not_transfer():
     floors = [0.5, 0.45, 0.4, 0.35, 0.3]
     p = one(parabola_sweep([-4, -4, -4, -5, -5], floors=floors))
     assert p.drift.steps == 1
@@ -49,8 +49,32 @@ def test_one_grid_step_of_drift_transfers_with_its_regret():
     assert regrets[2].status == "reference"
     assert regrets[8].absolute == pytest.approx(0.0)
     assert regrets[32].absolute == pytest.approx(0.05) and regrets[32].relative == pytest.approx(0.05 / 0.3)
-    assert p.verdict_line == ("transfers: the optimum stays within one grid step from K=2 to K=32, "
-                              "worst regret 16.7% (K=32)")
+    assert p.verdict == "does not transfer"
+    assert p.verdict_line == ("does not transfer: the optima lie within one grid step from K=2 to K=32, but reusing "
+                              "K=2's best lr costs 16.7% at K=32 (more than 2%)")
+    # the threshold is the user's: at 20% the same panel transfers, and says what it costs
+    loose = one(parabola_sweep([-4, -4, -4, -5, -5], floors=floors), max_regret=0.2)
+    assert loose.verdict == "transfers" and loose.verdict_line == (
+        "transfers: the optimum stays within one grid step from K=2 to K=32, worst regret 16.7% (K=32)")
+    assert "at most 20%" in loose.criterion
+
+
+def test_a_panel_with_28_percent_regret_never_transfers():
+    """One grid step of drift, no divergence, but the small model's rate costs 28% at the largest depth."""
+    floors = [0.5, 0.5, 0.5, 0.5, 0.25]
+    rows = parabola_sweep([-4, -4, -4, -4, -5], floors=floors, curvature=0.07)
+    p = one(rows)
+    assert p.drift.steps == 1 and p.worst_regret.relative == pytest.approx(0.28)
+    assert p.verdict == "does not transfer" and "28.0%" in p.verdict_line
+    for max_drift_steps in (1, 2, 5):  # no drift allowance makes it transfer
+        assert one(rows, max_drift_steps=max_drift_steps).verdict != "transfers"
+
+
+def test_small_regret_transfers():
+    floors = [0.5, 0.5, 0.5, 0.5, 5.0]  # 0.05 * 1 / 5.0: 1% regret
+    p = one(parabola_sweep([-4, -4, -4, -4, -5], floors=floors))
+    assert p.drift.steps == 1 and p.worst_regret.relative == pytest.approx(0.01)
+    assert p.verdict == "transfers"
 
 
 def test_parabola_vertex_any_spacing():
@@ -87,17 +111,23 @@ def test_each_optimizer_has_its_own_grid():
 
 
 def test_lower_edge_gives_no_verdict_and_says_where_to_extend():
-    p = one(parabola_sweep([-5, -5, -7], scales=(2, 4, 8), lrs=pow2(-6, 0)))
+    high = [30.0] * 3  # a high floor keeps the regret (a lower bound at the edge) under 2%
+    p = one(parabola_sweep([-5, -5, -7], scales=(2, 4, 8), lrs=pow2(-6, 0), floors=high))
     edge = p.curves[-1]
     assert edge.status == "edge" and edge.edge == "lower" and edge.best_lr == 2.0**-6
     assert p.verdict == "no verdict"
     assert p.verdict_line == ("no verdict: K=8's optimum is at the lower edge of its lr grid (lr=2^-6), "
                               "extend the grid below it")
     assert p.drift.scales == [2, 4] and p.drift.steps_at_least == 1
+    # the same edge with a regret whose lower bound is already above 2% decides: the rate cannot be reused
+    costly = one(parabola_sweep([-5, -5, -7], scales=(2, 4, 8), lrs=pow2(-6, 0)))
+    assert costly.verdict == "does not transfer"
+    assert costly.verdict_line == ("does not transfer: reusing K=2's best lr costs >= 42.9% at K=8 (more than 2%); "
+                                   "K=8's optimum is at the lower edge of its lr grid (lr=2^-6), extend the grid below it")
 
 
 def test_upper_edge():
-    p = one(parabola_sweep([-1, -1, 1], scales=(2, 4, 8), lrs=pow2(-6, 0)))
+    p = one(parabola_sweep([-1, -1, 1], scales=(2, 4, 8), lrs=pow2(-6, 0), floors=[30.0] * 3))
     assert p.curves[-1].edge == "upper" and p.verdict == "no verdict"
     assert "extend the grid above it" in p.verdict_line
     far = one(parabola_sweep([-2, -2, 1], scales=(2, 4, 8), lrs=pow2(-6, 0)))
@@ -208,7 +238,7 @@ def test_grouping_scale_keys_and_runner_rows():
     with pytest.raises(ValueError, match="several scale keys"):
         analyze(rows[:22] + width)
     (p,) = analyze(rows[:22] + width, scale_key="width")
-    assert p.verdict_line.startswith("transfers: the optimum stays within one grid step from width 256 to width 512")
+    assert p.verdict_line.startswith("does not transfer: the optima lie within one grid step from width 256 to width 512")
 
     runner = [{"optim.name": "muon", "model.depth_scaling": "none", "model.depth": r["scale"], "optim.lr": r["lr"],
                "seed": 0, "status": r["status"], "train_loss": r["train_loss"], "cell": "abc"}

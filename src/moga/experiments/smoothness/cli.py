@@ -45,7 +45,8 @@ def smoothness_command(
 
     depth: Lipschitz and smoothness constants vs depth K = 2..64, alpha = 1 vs K_base/K, residual MLPs and GPTs.
     width: smoothness vs width 64..1024 in the row, column, sign and spectral geometries.
-    convergence: adaptive vs constant lr (feedforward nets), shared-weights nets over depth, ||W_t|| at L = 2.
+    convergence: adaptive vs constant lr (feedforward nets), shared-weights nets over depth, ||W_t|| at L = 2
+    (the same experiment as `moga reproduce convergence`, which also judges the paper's claim).
     steprule: the depth paper's eta* = ||grad||_*/L (optim.step_rule=depth_paper) vs the best constant lr.
     Each writes a figure, results.json and summary.md under OUT; reruns reuse finished training runs.
     """

@@ -17,6 +17,8 @@ def report_command(
     by: list[str] = typer.Option(["optimizer", "scaling"], "--by", help="keys that make a panel (repeat)"),
     title: str = typer.Option(None, help="report title"),
     max_drift_steps: int = typer.Option(1, min=0, help="largest drift in grid steps that still transfers"),
+    max_regret: float = typer.Option(0.02, min=0, help="largest relative regret of reusing the smallest "
+                                     "scale's lr that still transfers (0.02: 2% of the best loss)"),
     svg: bool = typer.Option(False, "--svg", help="write SVG figures instead of PDF"),
 ) -> None:
     """Figures (loss vs lr, one curve per scale), optima, drift, regret and a verdict per panel."""
@@ -32,7 +34,8 @@ def report_command(
         else:
             records = load_records(sweep, scale_key)
         records = select_scale(records, scale_key)
-        summaries = analyze_metrics(records, group_keys=tuple(by), max_drift_steps=max_drift_steps)
+        summaries = analyze_metrics(records, group_keys=tuple(by), max_drift_steps=max_drift_steps,
+                                    max_regret=max_regret)
         out = out or (sweep if sweep.is_dir() else sweep.parent) / "report"
         paths = write_outputs(summaries, records, out, title, tuple(by), ("png", "svg" if svg else "pdf"))
     except (ValueError, FileNotFoundError) as e:

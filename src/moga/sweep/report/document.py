@@ -62,9 +62,10 @@ DEFINITIONS = [
                "relative: divided by the best loss. 'diverges' when that lr diverges there."),
     ("Criterion", "transfers iff every scale's optimum is inside its grid and all grid optima lie within "
                   "max_drift_steps grid steps (default one; on a grid that is not log-spaced: within max_drift_log2 "
-                  "log2 units, default 1) and the smallest scale's best lr diverges nowhere; does not transfer when "
-                  "the drift, or its lower bound with edge curves, exceeds that, or when that lr diverges at a "
-                  "larger scale; otherwise no verdict."),
+                  "log2 units, default 1) AND reusing the smallest scale's best lr costs at most max_regret "
+                  "(default 2%) of the best loss at every other scale and diverges nowhere; does not transfer when "
+                  "the drift, or its lower bound with edge curves, exceeds that, or when that lr diverges or costs "
+                  "more than max_regret at a larger scale; otherwise no verdict."),
     ("Seeds", "intervals are percentile bootstraps: seeds redrawn with replacement per scale, the seed-mean "
               "curves, optima, drift and slope recomputed for each of the resamples."),
 ]

@@ -12,8 +12,8 @@
   lr_ref diverges there. A lower bound when that scale's own optimum is at the grid edge.
 - Transfer criterion (see :mod:`moga.sweep.report.verdict`): on a log-spaced grid, transfers iff every
   scale has a trustworthy optimum, the grid-argmin drift is at most ``max_drift_steps`` (1) grid
-  steps (on an irregular grid, at most ``max_drift_log2`` (1.0) log2 units instead), and the
-  smallest scale's optimum diverges at no larger scale.
+  steps (on an irregular grid, at most ``max_drift_log2`` (1.0) log2 units instead), and reusing the
+  smallest scale's optimum costs at most ``max_regret`` (2%) relative regret and diverges at no larger scale.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from moga.sweep.report.bootstrap import Bootstrap, bootstrap
 from moga.sweep.report.curves import Curve, Grid, build_curve, make_grid
 from moga.sweep.report.schema import SweepRecord, parse_records
 from moga.sweep.report.summary import Drift, PanelSummary, Regret
-from moga.sweep.report.verdict import criterion_text, decide
+from moga.sweep.report.verdict import MAX_REGRET, criterion_text, decide
 
 GROUP_KEYS = ("optimizer", "scaling")
 
 
 def analyze(records: Iterable[SweepRecord | Mapping], scale_key: str | None = None, metric: str = "train_loss",
             group_keys: Sequence[str] = GROUP_KEYS, max_drift_steps: int = 1, max_drift_log2: float = 1.0,
+            max_regret: float = MAX_REGRET,
             resamples: int = 1000, level: float = 0.95, seed: int = 0) -> list[PanelSummary]:
     """One summary per panel, in the order panels first appear in ``records``.
 
@@ -63,9 +64,11 @@ def analyze(records: Iterable[SweepRecord | Mapping], scale_key: str | None = No
             panel=dict(zip(group_keys, key)), metric=metric, scale_key=rows[0].scale_key, grid=grid, curves=curves,
             drift=drift, reference_scale=curves[0].scale, reference_lr=curves[0].best_lr, regrets=regrets,
             worst_regret=worst(regrets), bootstrap=bootstrap(curves, grid, criterion, resamples, level, seed),
-            verdict="", verdict_line="", criterion=criterion_text(grid, max_drift_steps, max_drift_log2), notes=[],
+            verdict="", verdict_line="", notes=[],
+            criterion=criterion_text(grid, max_drift_steps, max_drift_log2, max_regret),
         )
-        summary.verdict, summary.verdict_line, summary.notes = decide(summary, max_drift_steps, max_drift_log2)
+        summary.verdict, summary.verdict_line, summary.notes = decide(
+            summary, max_drift_steps, max_drift_log2, max_regret)
         out.append(summary)
     return out
 

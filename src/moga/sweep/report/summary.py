@@ -60,7 +60,8 @@ class PanelSummary:
 
     @property
     def title(self) -> str:
-        return ", ".join(scaling_label(str(v)) if k == "scaling" else str(v) for k, v in self.panel.items() if v != "")
+        return ", ".join(scaling_label(str(v)) if k == "scaling" else _named(k, v) for k, v in self.panel.items()
+                         if v not in ("", None))
 
     def to_dict(self) -> dict:
         """JSON-safe: non-finite numbers become null (a null loss on a curve is a diverged point)."""
@@ -78,6 +79,13 @@ class PanelSummary:
             b["seeds"] = [{"scale": s, "seeds": n} for s, n in b["seeds"].items()]
             b["refined_log2_lr"] = [{"scale": s, "interval": iv} for s, iv in b["refined_log2_lr"].items()]
         return json_safe(out)
+
+
+def _named(key: str, value) -> str:
+    """A panel value; numbers say which key they are (``p=1.5``), names speak for themselves."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{key.rsplit('.', 1)[-1]}={value:g}"
+    return str(value)
 
 
 def json_safe(value):

@@ -1,13 +1,17 @@
 """The verdict of a panel, and the plain sentences that state it.
 
-- "transfers": every scale's optimum is inside its lr grid, the grid optima of all scales lie
-  within ``max_drift_steps`` grid steps (``max_drift_log2`` log2 units on a grid that is not
-  log-spaced) of each other, and the smallest scale's best lr diverges at no other scale.
-- "does not transfer": the drift exceeds that, reusing the smallest scale's best lr diverges, or, with curves at the grid edge, even the smallest
-  drift consistent with the edges does (the unscaled baseline's optimum often runs off the grid; that
-  is still a clear "no").
-- "no verdict": a curve at the grid edge (or diverged everywhere) leaves the question open, or the
-  panel has one scale. The line says which curve and which way to extend the grid.
+- "transfers" needs both halves of the claim: every scale's optimum is inside its lr grid and the
+  grid optima of all scales lie within ``max_drift_steps`` grid steps (``max_drift_log2`` log2 units
+  on a grid that is not log-spaced) of each other; AND reusing the smallest scale's best lr costs at
+  most ``max_regret`` (relative, 2% by default) of the best loss at every other scale, and diverges
+  nowhere. Optima one step apart with a 28% regret do not transfer.
+- "does not transfer": the drift exceeds that, reusing the smallest scale's best lr diverges or
+  costs more than ``max_regret`` (a lower bound on the regret above it is enough), or, with curves at
+  the grid edge, even the smallest drift consistent with the edges exceeds the limit (the unscaled
+  baseline's optimum often runs off the grid; that is still a clear "no").
+- "no verdict": a curve at the grid edge (or diverged everywhere) leaves the question open, the
+  regret could not be measured, or the panel has one scale. The line says which curve and which way
+  to extend the grid.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from moga.sweep.report.summary import PanelSummary
 from moga.sweep.report.schema import format_lr, scale_label
 
 
-def criterion_text(grid: Grid, max_drift_steps: int, max_drift_log2: float) -> str:
+MAX_REGRET = 0.02  # default: reusing the small model's rate may cost at most 2% of the best loss
+
+
+def criterion_text(grid: Grid, max_drift_steps: int, max_drift_log2: float, max_regret: float = MAX_REGRET) -> str:
     if grid.regular and grid.step_log2 is not None:
         span = f"{_steps(max_drift_steps)} (a factor {2 ** (max_drift_steps * grid.step_log2):.3g} in lr on this grid)"
     elif grid.regular:
@@ -29,10 +36,12 @@ def criterion_text(grid: Grid, max_drift_steps: int, max_drift_log2: float) -> s
     else:
         span = f"{max_drift_log2:g} log2 units (the lr grid is not log-spaced, so grid steps are not used)"
     return (f"transfers iff every scale's optimum is inside its lr grid, all grid optima lie within {span}, "
-            "and the smallest scale's best lr diverges at no other scale")
+            f"and reusing the smallest scale's best lr costs at most {100 * max_regret:g}% of the best loss "
+            "at every other scale (and diverges at none)")
 
 
-def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> tuple[str, str, list[str]]:
+def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float,
+           max_regret: float = MAX_REGRET) -> tuple[str, str, list[str]]:
     """The panel's verdict, the line that states it, and its notes."""
     label = lambda scale: scale_label(s.scale_key, scale)  # noqa: E731
     span = f"from {label(s.curves[0].scale)} to {label(s.curves[-1].scale)}"
@@ -46,10 +55,21 @@ def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> tupl
     if len(s.curves) < 2:
         return "no verdict", f"no verdict: only one scale ({label(s.curves[0].scale)})", notes
     reused_diverges = any(r.status == "diverges" for r in s.regrets)
+    w = s.worst_regret
+    too_costly = w is not None and w.status == "ok" and _relative_or_none(w) is not None and w.relative > max_regret
     if not problems and measured <= limit and reused_diverges:
         # Optima a step apart do not make a rate reusable when the small model's best one diverges.
         verdict = "does not transfer"
         line = f"does not transfer: the optima lie within {_steps(limit)} {span}{_regret_phrase(s, label, ', ')}"
+    elif not problems and measured <= limit and too_costly:
+        # The optimum barely moves, but the small model's rate is far from good enough at scale.
+        verdict = "does not transfer"
+        line = (f"does not transfer: the optima lie within {_steps(limit)} {span}, but reusing "
+                f"{label(s.reference_scale)}'s best lr costs {'>= ' if w.lower_bound else ''}"
+                f"{100 * w.relative:.1f}% at {label(w.scale)} (more than {100 * max_regret:g}%)")
+    elif not problems and measured <= limit and (w is None or _relative_or_none(w) is None):
+        verdict = "no verdict"
+        line = f"no verdict: the optima lie within {_steps(limit)} {span}{_regret_phrase(s, label, ', ')}"
     elif not problems and measured <= limit:
         verdict = "transfers"
         if regular and measured == 0:
@@ -59,6 +79,13 @@ def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> tupl
         else:
             moves = f"the optimum moves {measured:.2f} log2 units (at most {limit:g}) {span}"
         line = f"transfers: {moves}{_regret_phrase(s, label, ', ')}"
+    elif (too_costly or reused_diverges) and (bound is None or bound <= limit):
+        # Some curve is at the grid edge, but what reusing the small model's rate costs already decides.
+        verdict = "does not transfer"
+        cost = (_regret_phrase(s, label, "").removeprefix("but ") if reused_diverges else
+                f"reusing {label(s.reference_scale)}'s best lr costs {'>= ' if w.lower_bound else ''}"
+                f"{100 * w.relative:.1f}% at {label(w.scale)} (more than {100 * max_regret:g}%)")
+        line = f"does not transfer: {cost}; " + "; ".join(problems)
     elif bound is not None and bound > limit:
         verdict = "does not transfer"
         at_least = "at least " if problems else ""
@@ -74,6 +101,10 @@ def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float) -> tupl
         verdict = "no verdict"
         line = "no verdict: " + "; ".join(problems)
     return verdict, line, notes
+
+
+def _relative_or_none(r) -> float | None:
+    return r.relative if r.relative is not None and math.isfinite(r.relative) else None
 
 
 def edge_problem(c: Curve, label: str) -> str:

@@ -1,0 +1,98 @@
+"""`moga reproduce NAME|all [--quick] [--scale cpu|paper]`, `moga reproduce --list`, `moga reproduce --table`.
+
+Register with ``app.command("reproduce")(reproduce_command)`` in :mod:`moga.cli`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def reproduce_command(
+    name: str = typer.Argument(None, help="a reproduction (see --list), or all"),
+    quick: bool = typer.Option(False, "--quick", help="the miniature: digits or tiny models, about a minute each; "
+                               "checks the code path, its verdict says nothing about the paper"),
+    scale: str = typer.Option("cpu", "--scale", help="cpu (default: each within ~30 min on 2 cores) or paper "
+                              "(the papers' setups, for a GPU machine or a Ray cluster)"),
+    out: Path = typer.Option(None, "--out", "-o", help="output directory (default runs/reproduce/<scale>/<name>; "
+                             "with all: the parent of one directory per reproduction)"),
+    workers: int = typer.Option(2, "--workers", "-w", min=1, help="worker processes (or Ray tasks)"),
+    executor: str = typer.Option("local", help="local or ray"),
+    ray_address: str = typer.Option(None, help="Ray cluster address (default: start a local Ray)"),
+    data: str = typer.Option(None, help="the data set: an image data set's name (fashion-mnist, cifar10, cifar100, "
+                             "digits), or for GPT reproductions a text file or a train.bin/val.bin directory"),
+    max_regret: float = typer.Option(0.02, min=0, help="largest relative regret that still 'transfers'"),
+    list_: bool = typer.Option(False, "--list", help="each reproduction: paper, figure, claim, grid size and "
+                               "estimated time on 2 free cores"),
+    table: bool = typer.Option(False, "--table", help="print the results table from stored outcomes (--runs)"),
+    runs: Path = typer.Option(Path("runs/reproduce"), "--runs", help="with --table: where the outcomes are"),
+    readme: Path = typer.Option(None, "--update-readme", help="with --table: write it into this README's "
+                                "reproduce section and store the outcomes in docs/reproduce beside it"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
+) -> None:
+    """Every claim of the three papers as one command: a sweep on the resumable store, the papers' figures, a
+    verdict per panel and the claim's outcome (held, failed, undecided). Re-running resumes."""
+    from moga.experiments.reproduce.catalog import ReproduceError, catalog, get
+
+    if list_:
+        _list(scale if not quick else "quick")
+        return
+    if table:
+        from moga.experiments.reproduce.table import load_outcomes, results_table, update_readme
+
+        if readme is not None:
+            typer.echo(update_readme(readme, runs, readme.parent / "docs" / "reproduce"))
+        else:
+            typer.echo(results_table(load_outcomes(runs)))
+        return
+    if name is None:
+        raise typer.BadParameter("name a reproduction (moga reproduce --list shows them), or all")
+    if quick and scale != "cpu":
+        raise typer.BadParameter("--quick is its own scale: give --quick or --scale, not both")
+    scale = "quick" if quick else scale
+    try:
+        names = list(catalog()) if name == "all" else [get(name).name]
+    except ReproduceError as e:
+        raise typer.BadParameter(str(e)) from None
+    from moga.experiments.reproduce.run import reproduce
+    from moga.sweep.spec import SweepError
+
+    failed = []
+    for n in names:
+        target = out if out is not None and len(names) == 1 else (out or Path("runs/reproduce") / scale) / n
+        typer.echo(f"== {n} ({scale}) -> {target}")
+        try:
+            result = reproduce(get(n), target, scale, workers=workers, executor=executor, ray_address=ray_address,
+                               data=data if len(names) == 1 else None, max_regret=max_regret, progress=not quiet)
+        except (ReproduceError, SweepError, FileNotFoundError, RuntimeError) as e:
+            typer.echo(f"{n}: error: {e}", err=True)
+            failed.append(n)
+            continue
+        typer.echo(f"{n}: {result['outcome'].upper()}: {result['claim']}")
+        if result.get("key"):
+            typer.echo(f"  key: {result['key']}")
+        for line in result.get("details", []):
+            typer.echo(f"  {line}")
+        typer.echo(f"  report: {result.get('report')}")
+    if failed:
+        raise typer.Exit(1)
+
+
+def _list(scale: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from moga.experiments.reproduce.catalog import catalog, estimate
+
+    table = Table(title=f"moga reproduce: {scale} scale (time: estimated on 2 free cores of a quiet CPU)")
+    for col in ("name", "paper", "figure", "claim", "cells", "time"):
+        table.add_column(col, overflow="fold")
+    for name, rep in catalog().items():
+        e = estimate(rep, scale)
+        minutes = e["seconds"] / 60
+        time_text = f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.0f} h"
+        table.add_row(name, rep.paper, rep.figure, rep.claim, "-" if e["cells"] is None else str(e["cells"]),
+                      time_text + ("" if scale != "paper" else " (CPU; a GPU is far faster)"))
+    Console(width=160).print(table)

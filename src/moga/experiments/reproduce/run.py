@@ -1,0 +1,318 @@
+"""Run one reproduction and judge the paper's claim: held, failed or undecided, with its key numbers.
+
+Sweeps run on the sweep store (``OUT/sweep.db``, cells in ``OUT/cells``): re-running resumes, a kill -9 loses
+no finished cell. Every run writes ``OUT/report/`` and ``OUT/outcome.json``, the stored summary that the
+README's table is made from (:mod:`.table`).
+
+How a claim is judged from the panels' verdicts (:mod:`moga.sweep.report.verdict`, which cannot call a panel
+with a large regret "transfers"): **held** when every panel the paper makes a claim about gets the verdict it
+claims; **failed** when any of them gets the opposite verdict; **undecided** otherwise (an optimum on the grid
+edge, too few scales, a regret that could not be measured, missing cells).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from moga.experiments.reproduce.catalog import Reproduction, ReproduceError, cell_cost
+from moga.sweep.report.verdict import MAX_REGRET
+
+OUTCOMES = ("held", "failed", "undecided")
+
+
+def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int = 2, executor: str = "local",
+              ray_address: str | None = None, data: str | None = None, max_regret: float = MAX_REGRET,
+              progress: bool = True, command: str | None = None) -> dict:
+    """Run (or resume) ``rep`` at ``scale`` in ``out``, write its report and outcome.json; return the outcome."""
+    out = Path(out)
+    started = time.time()
+    if rep.kind == "convergence":
+        outcome = _convergence(rep, out, scale, data, progress)
+    else:
+        from moga.sweep.executor import run_sweep
+
+        sweep = rep.sweep(scale, data)
+        # failed cells (a missing data set, say) run again: a reproduction is re-run to complete it
+        counts = run_sweep(sweep, out, workers=workers, executor=executor, ray_address=ray_address,
+                           progress=progress, retry_failed=True)
+        judge = {"transfer": _transfer, "joint": _joint, "race": _race}[rep.kind]
+        outcome = judge(rep, sweep, out, max_regret)
+        outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
+        outcome["data"] = sweep.base["data"].get("name")
+    outcome.update(name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
+                   command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
+                                                                      " --scale paper" if scale == "paper" else ""),
+                   seconds=round(time.time() - started, 1), max_regret=max_regret)
+    (out / "outcome.json").write_text(json.dumps(_finite(outcome), indent=1) + "\n")
+    return outcome
+
+
+# --- the claim over the panels -----------------------------------------------------------------------------
+
+def judge_panels(expect: list[dict], verdicts: list[dict]) -> tuple[str, list[str]]:
+    """(outcome, one line per claimed panel) from the paper's expectations and the panels' verdicts."""
+    lines, states = [], []
+    for e in expect:
+        matched = [v for v in verdicts if all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items())]
+        if not matched:
+            states.append("undecided")
+            lines.append(f"{_where(e['panel'])}: no panel ran (claimed: {e['verdict']})")
+        for v in matched:
+            state = "held" if v["verdict"] == e["verdict"] else "undecided" if v["verdict"] == "no verdict" else "failed"
+            states.append(state)
+            lines.append(f"[{state}] {v['title']} (claimed: {e['verdict']}): {v['line']}")
+    if not states:
+        return "undecided", ["the paper's claim names no panel"]
+    outcome = "failed" if "failed" in states else "undecided" if "undecided" in states else "held"
+    return outcome, lines
+
+
+def _where(panel: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in panel.items())
+
+
+def key_number(expect: list[dict], panels: list[dict]) -> str:
+    """The claim in numbers: over the panels claimed to transfer, the largest drift and the worst regret;
+    over those claimed not to, the smallest drift."""
+    parts = []
+    for wanted in ("transfers", "does not transfer"):
+        chosen = [p for p in panels if any(e["verdict"] == wanted and all(
+            str(p["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in expect)]
+        drifts = [_drift(p) for p in chosen if _drift(p) is not None]
+        regrets = [p["worst_regret"] for p in chosen if p.get("worst_regret")]
+        if wanted == "transfers" and chosen:
+            text = f"drift <= {max(drifts):g} steps" if drifts else "drift n/a"
+            worst = max(regrets, key=lambda r: r["relative"] if r["relative"] is not None else math.inf, default=None)
+            if worst is not None:
+                value = "diverges" if worst["status"] == "diverges" else (
+                    f"{100 * worst['relative']:.1f}%" if worst["relative"] is not None else "n/a")
+                text += f", worst regret {value}"
+            parts.append(text)
+        elif chosen:
+            parts.append(f"baseline drift >= {min(drifts):g} steps" if drifts else "baseline drift n/a")
+    return "; ".join(parts)
+
+
+def _drift(p: dict) -> float | None:
+    d = p["drift"]
+    if d.get("steps") is not None:
+        return d["steps"] if d.get("steps_at_least") is None else max(d["steps"], d["steps_at_least"])
+    if d.get("steps_at_least") is not None:
+        return d["steps_at_least"]
+    return d.get("log2_grid")
+
+
+# --- kinds -------------------------------------------------------------------------------------------------
+
+def _records(rep: Reproduction, sweep, out: Path) -> tuple[list[dict], str]:
+    from moga.sweep.results import records
+    from moga.sweep.store import SweepStore
+
+    rows = records(SweepStore(out))
+    scale_key = sweep.spec.scale_key
+    mapping = (rep.raw.get("scale_values") or {}).get(scale_key)
+    if mapping:  # e.g. ResNet stages -> K, the number of residual blocks
+        for r in rows:
+            r["K"] = mapping[str(r[scale_key])]
+        scale_key = "K"
+    if not rows:
+        raise ReproduceError(f"{rep.name}: no cell of {out} settled; see `moga sweep status {out}`")
+    return rows, scale_key
+
+
+def _transfer(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
+    from moga.sweep.report import write_report
+
+    rows, scale_key = _records(rep, sweep, out)
+    write_report(rows, out / "report", scale_key=scale_key, title=f"{rep.name}: {rep.claim}",
+                 group_keys=rep.group_keys, formats=("png",), max_regret=max_regret)
+    summary = json.loads((out / "report" / "summary.json").read_text())
+    panels = summary["metrics"].get("train_loss", [])
+    verdicts = [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"]}
+                for p in panels]
+    outcome, lines = judge_panels(rep.expect, verdicts)
+    others = [f"{v['title']}: {v['line']}" for v in verdicts
+              if not any(all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in rep.expect)]
+    return {"outcome": outcome, "key": key_number(rep.expect, panels), "details": lines, "unclaimed": others,
+            "report": str(out / "report" / "report.md")}
+
+
+def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
+    from moga.sweep.report import write_report
+    from moga.sweep.report.joint import analyze_joint, plot_regret_map
+
+    rows, _ = _records(rep, sweep, out)
+    keys = sweep.spec.all_scale_keys
+    # the one-axis report, one panel per depth with a curve per width
+    write_report(rows, out / "report", scale_key=keys[0], title=f"{rep.name}: {rep.claim}",
+                 group_keys=[*rep.group_keys, keys[1]], formats=("png",), max_regret=max_regret)
+    joint = analyze_joint(rows, keys, group_keys=rep.group_keys, max_regret=max_regret)
+    figures = [str(plot_regret_map(j, out / "report" / "figures" / f"regret_map_{i}.png", max_regret))
+               for i, j in enumerate(joint)]
+    verdicts = [{"panel": j.panel, "title": j.title, "verdict": j.verdict, "line": j.verdict_line} for j in joint]
+    outcome, lines = judge_panels(rep.expect, verdicts)
+    saved = [_tuning_saved(sweep, j) for j in joint]
+    key = "; ".join(f"{j.title}: worst regret " + ("n/a" if j.worst_regret is None else "diverges"
+                                                    if math.isinf(j.worst_regret) else f"{100 * j.worst_regret:.1f}%")
+                    + (f", drift {j.drift_steps} steps" if j.drift_steps is not None else "")
+                    + f", tuning FLOPs saved {100 * s:.0f}%" for j, s in zip(joint, saved))
+    (out / "report" / "joint.json").write_text(json.dumps(
+        [{**j.to_dict(), "tuning_flops_saved": s} for j, s in zip(joint, saved)], indent=1) + "\n")
+    return {"outcome": outcome, "key": key, "details": lines, "figures": figures,
+            "report": str(out / "report" / "report.md")}
+
+
+def _tuning_saved(sweep, j) -> float:
+    """Share of the tuning FLOPs saved by sweeping lrs on the smallest pair only and training every other pair
+    once at its rate, against sweeping every pair's grid."""
+    lr_key = sweep.spec.lr_key
+    keys = sweep.spec.all_scale_keys
+    costs: dict[tuple, float] = {}
+    lrs: dict[tuple, int] = {}
+    for cell in sweep.cells:
+        if any(str(cell.get(k)) != str(v) for k, v in _panel_params(j.panel).items()):
+            continue
+        pair = tuple(float(cell[k]) for k in keys)
+        lrs[pair] = lrs.get(pair, 0) + 1
+        if pair not in costs:
+            costs[pair] = cell_cost(sweep.config(cell))["flops"]
+    if not costs:
+        return math.nan
+    full = sum(costs[p] * lrs[p] for p in costs)
+    ref = min(costs)
+    transfer = costs[ref] * lrs[ref] + sum(c for p, c in costs.items() if p != ref)
+    return 1 - transfer / full
+
+
+def _panel_params(panel: dict) -> dict:
+    from moga.sweep.report.schema import ALIASES
+
+    names = {v: k for k, v in ALIASES.items()}
+    return {names.get(k, k): v for k, v in panel.items() if v not in (None, "")}
+
+
+def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
+    """Each contender's best lr (lowest final training loss); the loss both best runs reach; who gets there
+    first in wall-clock time and in tokens."""
+    from moga.sweep.store import SweepStore
+    from moga.train import read_metrics
+
+    store = SweepStore(out)
+    contenders = rep.raw.get("contenders", ["moga", "muon"])
+    best = {}
+    for c in store.cells():
+        name = c["params"].get("optim.name")
+        loss = (c["result"] or {}).get("final_train_loss")
+        if c["status"] == "finished" and name in contenders and loss is not None and math.isfinite(loss):
+            if name not in best or loss < best[name]["loss"]:
+                best[name] = {"loss": loss, "lr": c["params"]["optim.lr"], "cell": c["id"]}
+    if len(best) < len(contenders):
+        missing = [n for n in contenders if n not in best]
+        return {"outcome": "undecided", "key": "", "details": [f"no finished run for {', '.join(missing)}"]}
+    tokens_per_step = sweep.base["train"]["batch_size"] * sweep.base["data"].get("block_size", 1)
+    curves = {}
+    for name, b in best.items():
+        train = read_metrics(store.cell_dir(b["cell"]) / "metrics.jsonl", "train")
+        curves[name] = {"step": [r["step"] for r in train], "time": [r["time"] for r in train],
+                        "loss": _smooth([r["loss"] for r in train])}
+    target = max(min(c["loss"]) for c in curves.values())  # the lowest loss every contender reaches
+    reach = {n: _first_reach(c, target) for n, c in curves.items()}
+    subject, rival = contenders[0], contenders[1]
+    faster_time = reach[subject]["time"] < reach[rival]["time"]
+    faster_tokens = reach[subject]["step"] < reach[rival]["step"]
+    outcome = "held" if faster_time and faster_tokens else "failed"
+    ratio_t = reach[rival]["time"] / reach[subject]["time"] if reach[subject]["time"] else math.nan
+    ratio_s = reach[rival]["step"] / reach[subject]["step"] if reach[subject]["step"] else math.nan
+    key = f"{subject} reaches loss {target:.3f} in {1 / ratio_t:.2f}x {rival}'s time, {1 / ratio_s:.2f}x its tokens"
+    grids = {n: sorted(c["params"]["optim.lr"] for c in store.cells() if c["params"].get("optim.name") == n)
+             for n in contenders}
+    details = [f"{n}: best lr {best[n]['lr']:g}"
+               + (" (at the edge of its lr grid: it may not be tuned)" if best[n]["lr"] in (grids[n][0], grids[n][-1])
+                  else "")
+               + f", final loss {best[n]['loss']:.4f}, reaches {target:.4f} at step "
+               f"{reach[n]['step']} ({reach[n]['step'] * tokens_per_step} tokens, {reach[n]['time']:.1f} s)"
+               for n in contenders]
+    untuned = [n for n in contenders if best[n]["lr"] in (grids[n][0], grids[n][-1])]
+    if untuned:  # a contender whose best rate is on its grid's edge may not be tuned: the race is not fair
+        outcome = "undecided"
+        key += f" (not decided: {', '.join(untuned)} best lr on the grid's edge)"
+    figure = _plot_race(curves, tokens_per_step, target, out / "report" / "race.png")
+    (out / "report" / "race.json").write_text(json.dumps({"best": best, "target": target, "reach": reach}, indent=1))
+    return {"outcome": outcome, "key": key, "details": details, "figures": [str(figure)],
+            "report": str(out / "report" / "race.json")}
+
+
+def _smooth(values: list[float], window: int = 5) -> list[float]:
+    """Trailing mean, so one lucky batch does not count as reaching the target."""
+    return [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
+            for i in range(len(values))]
+
+
+def _first_reach(curve: dict, target: float) -> dict:
+    i = next(i for i, v in enumerate(curve["loss"]) if v <= target + 1e-12)
+    return {"step": curve["step"][i], "time": curve["time"][i]}
+
+
+def _plot_race(curves: dict, tokens_per_step: int, target: float, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for name, c in curves.items():
+        axes[0].plot(c["time"], c["loss"], label=name)
+        axes[1].plot([s * tokens_per_step for s in c["step"]], c["loss"], label=name)
+    for ax, xlabel in zip(axes, ("wall-clock seconds", "tokens")):
+        ax.axhline(target, color="grey", ls=":", lw=1)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("training loss (trailing mean of 5 logs)")
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, progress: bool) -> dict:
+    from moga.experiments.smoothness.convergence import convergence_experiment
+
+    settings = rep.settings(scale, data)
+    quick = bool(settings.pop("quick", False))
+    log = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
+    result = convergence_experiment(out, quick, log, **settings)
+    checks = []
+    for entry in result["adaptive_vs_constant"]:
+        checks.append((f"adaptive beats every constant rate on {entry['data']}", entry["held"],
+                       f"adaptive {entry['adaptive_final_loss']:.4g} vs best constant "
+                       f"{entry['best_constant_final_loss']:.4g} ({entry['data']})"))
+    shared = result.get("shared") or {}
+    for kind, d in (shared.get("deeper_slower") or {}).items():
+        rho = d.get("spearman")
+        checks.append((f"deeper converges slower ({kind} lr)", d.get("held"),
+                       "depth vs loss: too few depths" if rho is None else f"depth vs loss Spearman {rho:.2f}"))
+    for kind, r in (result.get("long") or {}).items():
+        if isinstance(r, dict) and "still_growing" in r:
+            checks.append((f"||W_t|| still growing at L = 2 ({kind} lr)", r["still_growing"],
+                           f"+{100 * r['growth_second_half']:.1f}% over the second half"))
+    states = [c[1] for c in checks]
+    outcome = ("undecided" if not checks or None in states else "held" if all(states) else "failed")
+    return {"outcome": outcome, "key": "; ".join(f"{c[2]}" for c in checks[:2]),
+            "details": [f"[{'held' if c[1] else 'not measured' if c[1] is None else 'failed'}] {c[0]}: {c[2]}"
+                        for c in checks],
+            "report": result["files"]["summary"], "data": ",".join(result["settings"]["data"]),
+            "runs": {"missing data": result["missing"]} if result["missing"] else {}}
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,94 @@
+"""Every reproduction's grids, at every scale, expand into valid training configs, without training."""
+
+import math
+
+import pytest
+import torch
+
+from moga.experiments.reproduce.catalog import SCALES, catalog, cell_cost, data_inputs, get, merge
+from moga.train.build import build_model, build_optimizer
+
+NAMES = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint"]
+
+
+def test_the_issue_names_every_reproduction():
+    assert list(catalog()) == NAMES
+    for rep in catalog().values():
+        assert rep.paper and rep.figure and rep.claim
+        assert rep.kind in ("race", "convergence") or rep.expect, f"{rep.name} claims nothing about any panel"
+        paper = rep.scale("paper")
+        assert paper.get("source") and paper.get("silent"), f"{rep.name}: say where the paper scale comes from"
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_every_cell_of_every_grid_builds_its_model_and_optimizer(scale):
+    """The paper scale too: each distinct model and optimizer is built on the meta device (no memory)."""
+    for rep in catalog().values():
+        if rep.kind == "convergence":
+            from moga.experiments.smoothness.convergence import convergence_settings
+
+            convergence_settings(**rep.settings(scale))  # unknown settings raise
+            continue
+        sweep = rep.sweep(scale)  # expands the grid and validates every cell's config
+        models, optimizers = {}, set()
+        for cell in sweep.cells:  # every distinct model once, every distinct optimizer once on one of them
+            config = sweep.config(cell)
+            key = config.model.model_dump_json()
+            if key not in models:
+                with torch.device("meta"):
+                    models[key] = build_model(config, data_inputs(config)[0])
+            optim = config.optim.model_dump_json(exclude={"lr"})
+            if optim not in optimizers:
+                optimizers.add(optim)
+                build_optimizer(config, models[key])
+        seen = models
+        assert seen, rep.name
+
+
+def test_paper_scale_is_the_papers_setup():
+    gpt = get("depth-gpt").sweep("paper")
+    assert gpt.spec.axes["model.n_layer"] == [2, 4, 8, 16, 32, 64, 128]
+    assert {c["optim.lr"] for c in gpt.cells} == {0.001, 0.002, 0.004, 0.01, 0.02, 0.04}
+    assert {c["optim.p"] for c in gpt.cells if c["optim.name"] == "moga"} == {1.5, 2.0, 2.5}
+    base = gpt.base
+    assert (base["model"]["n_embd"], base["model"]["n_head"], base["train"]["steps"], base["train"]["batch_size"]) == (
+        256, 4, 1200, 256)
+    assert base["schedule"] == {"name": "cosine", "warmup_fraction": 0.1, "min_lr_ratio": 0.1}
+    assert len(gpt.cells) == 7 * 5 * 6
+
+    resnet = get("depth-resnet").sweep("paper")
+    assert resnet.base["data"]["name"] == "cifar100" and resnet.base["data"]["val_size"] == 5000
+    assert (resnet.base["train"]["epochs"], resnet.base["train"]["batch_size"]) == (20, 64)
+    assert resnet.base["schedule"] == {"name": "cosine", "warmup_epochs": 1, "min_lr_ratio": 0.5}
+    assert resnet.spec.axes["model.stages"] == ["resnet18", "resnet34", "resnet66"]
+    assert resnet.spec.axes["optim.lr"] == [0.0004, 0.001, 0.002, 0.004, 0.01, 0.02]
+    # K = 8, 16, 32 residual blocks: the scale of the report
+    assert get("depth-resnet").raw["scale_values"]["model.stages"] == {"resnet18": 8, "resnet34": 16, "resnet66": 32}
+
+
+def test_quick_and_cpu_scales_fit_their_budgets():
+    from moga.experiments.reproduce.catalog import estimate
+
+    for rep in catalog().values():
+        assert estimate(rep, "quick")["seconds"] < 120, rep.name
+        assert estimate(rep, "cpu")["seconds"] < 30 * 60, rep.name
+
+
+def test_cost_counts_parameters_and_tokens():
+    sweep = get("depth-gpt").sweep("cpu")
+    cell = next(c for c in sweep.cells if c["model.n_layer"] == 2)
+    cost = cell_cost(sweep.config(cell))
+    d = 128
+    blocks = 2 * 12 * d * d  # attention 4 d^2 and MLP 8 d^2 per block (plus biases and norms)
+    assert blocks < cost["params"] < blocks + 2 * 65 * d + 64 * d + 20 * d + 10_000
+    tokens = 8 * 64 * 100
+    assert cost["flops"] == pytest.approx(6 * cost["params"] * tokens + 12 * 2 * 64 * d * tokens)
+    assert math.isfinite(cost["seconds"]) and cost["steps"] == 100
+
+
+def test_merge_replaces_axes_whole_and_data_is_chosen():
+    merged = merge({"axes": {"a": {"by": "x", "values": {"p": [1], "q": [2]}}}, "base": {"m": {"w": 1, "d": 2}}},
+                   {"axes": {"a": {"by": "x", "values": {"p": [3]}}}, "base": {"m": {"w": 5}}})
+    assert merged == {"axes": {"a": {"by": "x", "values": {"p": [3]}}}, "base": {"m": {"w": 5, "d": 2}}}
+    assert get("depth-mlp").sweep("cpu", data="cifar10").base["data"]["name"] == "cifar10"
+    assert get("depth-mlp").sweep("quick").base["data"]["name"] == "digits"

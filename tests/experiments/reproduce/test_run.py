@@ -1,0 +1,91 @@
+"""Judging a paper's claim from the panels' verdicts, and two reproductions end to end in miniature."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moga.experiments.reproduce.catalog import Reproduction, get, merge
+from moga.experiments.reproduce.run import judge_panels, reproduce
+from moga.experiments.reproduce.table import END, START, load_outcomes, results_table, update_readme
+from moga.sweep.report import analyze
+
+from ...sweep.report.synthetic import parabola_sweep
+
+SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")  # this project's shared data, as in tests/train
+EXPECT = [{"panel": {"scaling": "inverse_depth"}, "verdict": "transfers"},
+          {"panel": {"scaling": "none"}, "verdict": "does not transfer"}]
+
+
+def verdicts(rows):
+    return [{"panel": p.panel, "title": p.title, "verdict": p.verdict, "line": p.verdict_line}
+            for p in analyze(rows, resamples=0)]
+
+
+def test_a_28_percent_regret_fails_the_claim():
+    floors = [0.5, 0.5, 0.5, 0.5, 0.25]  # one grid step of drift, but 28% regret at K=32
+    rows = (parabola_sweep([-4, -4, -4, -4, -5], floors=floors, curvature=0.07)
+            + parabola_sweep([-3, -4, -5, -6, -7], scaling="none"))
+    outcome, lines = judge_panels(EXPECT, verdicts(rows))
+    assert outcome == "failed"
+    assert lines[0].startswith("[failed] moga, inverse_depth (alpha=K_base/K) (claimed: transfers): does not transfer")
+    assert lines[1].startswith("[held]")
+
+
+def test_held_and_undecided():
+    rows = parabola_sweep([-4.2] * 5) + parabola_sweep([-3, -4, -5, -6, -7], scaling="none")
+    assert judge_panels(EXPECT, verdicts(rows))[0] == "held"
+    edge = parabola_sweep([-4, -4, -4], scales=(2, 4, 8), lrs=[2.0**k for k in range(-4, 0)], floors=[30.0] * 3)
+    outcome, lines = judge_panels(EXPECT, verdicts(edge + parabola_sweep([-3, -4, -5, -6, -7], scaling="none")))
+    assert outcome == "undecided" and "no verdict" in lines[0]
+    assert judge_panels(EXPECT, verdicts(parabola_sweep([-4.2] * 5)))[0] == "undecided"  # no baseline panel ran
+
+
+def mini(name: str, **sweep) -> Reproduction:
+    rep = get(name)
+    raw = merge(json.loads(json.dumps(rep.raw)), {"scales": {"quick": {"sweep": sweep}}})
+    return Reproduction(rep.name, rep.paper, rep.figure, rep.claim, rep.kind, raw)
+
+
+def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
+    runs = tmp_path / "runs"
+    joint = mini("joint", base={"train": {"steps": 20, "batch_size": 32}, "checkpoint": {"every": 10},
+                                "eval": {"final_window": 5}},
+                 axes={"model.width": [8, 16], "model.depth": [1, 2], "optim.lr": {"pow2": [-4, -2]}})
+    out = reproduce(joint, runs / "quick" / "joint", "quick", workers=2, progress=False)
+    assert out["outcome"] in ("held", "failed", "undecided") and out["runs"]["finished"] == 12
+    stored = json.loads((runs / "quick" / "joint" / "outcome.json").read_text())
+    assert stored["outcome"] == out["outcome"] and "tuning FLOPs saved" in stored["key"]
+    (panel,) = json.loads((runs / "quick" / "joint" / "report" / "joint.json").read_text())
+    assert len(panel["pairs"]) == 4 and panel["reference"] == [8.0, 1.0]
+    assert 0 < panel["tuning_flops_saved"] < 1
+    assert (runs / "quick" / "joint" / "report" / "figures" / "regret_map_0.png").is_file()
+    # the store is resumable: a second call trains nothing
+    again = reproduce(joint, runs / "quick" / "joint", "quick", workers=1, progress=False)
+    assert again["outcome"] == out["outcome"] and again["seconds"] < out["seconds"]
+
+    race = mini("race", base={"train": {"steps": 12}, "logging": {"log_every": 1}, "checkpoint": {"every": 6},
+                              "eval": {"final_window": 4}},
+                axes={"optim.lr": {"by": "optim.name", "values": {"moga": [0.05], "muon": [0.05]}}})
+    if not SHAKESPEARE.is_file():
+        pytest.skip("tiny Shakespeare is not here for the race miniature")
+    result = reproduce(race, runs / "quick" / "race", "quick", workers=2, progress=False, data=str(SHAKESPEARE))
+    # one rate each is no tuning: whoever is faster, the race cannot decide the claim
+    assert result["outcome"] == "undecided" and "not decided: moga, muon best lr on the grid's edge" in result["key"]
+    assert "reaches loss" in result["key"] and len(result["details"]) == 2
+    reach = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text())["reach"]
+    assert set(reach) == {"moga", "muon"} and all(r["step"] <= 12 for r in reach.values())
+
+    table = results_table(load_outcomes(runs))
+    assert table.count("\n") == 2 + 7  # header, rule, eight claims
+    assert f"not run at CPU scale here; `--quick`: {out['outcome']}" in table
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n## Paper claims\n{START}\nSTALE TABLE\n{END}\nrest\n")
+    update_readme(readme, runs, tmp_path / "docs" / "reproduce")
+    text = readme.read_text()
+    assert "STALE TABLE" not in text and "| `moga reproduce joint` |" in text and text.endswith("rest\n")
+    assert (tmp_path / "docs" / "reproduce" / "quick" / "joint.json").is_file()
+    # the table can be made again from the stored copies alone
+    assert results_table(load_outcomes(tmp_path / "docs" / "reproduce")) == table
+    with pytest.raises(ValueError, match="no <!-- reproduce:start -->"):
+        update_readme(tmp_path / "docs" / "reproduce" / "quick" / "joint.json", runs)
