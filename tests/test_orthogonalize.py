@@ -53,3 +53,14 @@ def test_auto_dtype_is_float32_on_cpu_and_bad_dtype_is_an_error():
     assert newton_schulz(torch.randn(8, 8, dtype=torch.float64)).dtype == torch.float32
     with pytest.raises(ValueError, match="dtype"):
         newton_schulz(torch.randn(4, 4), dtype="int8")
+
+
+def test_auto_dtype_follows_the_cpus_bf16_matrix_units():
+    from moga.orthogonalize import compute_dtype, cpu_has_bf16_matmul
+
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    fast = bool(flags & {"amx_bf16", "avx512_bf16"})
+    assert cpu_has_bf16_matmul() is fast
+    assert compute_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if fast else torch.float32)
+    assert compute_dtype("auto", torch.device("meta")) == torch.bfloat16

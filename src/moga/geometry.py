@@ -272,8 +272,8 @@ class Spectral(Geometry):
     ``scale="mean"`` is GEOMETRY.md's ``s = sqrt(m/n)``; ``scale="torch"`` is torch.optim.Muon's
     ``sqrt(max(1, m/n))``, which is the same construction for the norm ``||D||_{2->2} / s``. The polar
     factor comes from a Newton-Schulz iteration (torch.optim.Muon's defaults) or, as the reference,
-    an exact SVD (``method="svd"``). ``dtype="auto"`` uses bfloat16 on GPUs and float32 on CPUs,
-    where bfloat16 matmuls are slow.
+    an exact SVD (``method="svd"``). ``dtype="auto"`` uses bfloat16 on GPUs and on CPUs with bfloat16
+    matrix units, float32 on other CPUs, where bfloat16 matmuls are slow.
     """
 
     method: str = "newton_schulz"

@@ -176,6 +176,7 @@ def test_schedulers_drive_the_step_size(tiny):
         (lambda m: MOGA(m, eps=0.0), "eps"),
         (lambda m: MOGA(m, vectors="lion"), "vectors must be one of"),
         (lambda m: MOGA(m, nonfinite="panic"), "nonfinite must be one of"),
+        (lambda m: MOGA(m, kernel="fast"), "kernel must be one of"),
         (lambda m: MOGA(m, geometries={"hiden": "row(p=2)"}), "unknown role"),
         (lambda m: MOGA(m, geometries={"hidden": "spectral(scale=wide)"}), "scale must be"),
         (lambda m: MOGA(list(m.parameters())), "no geometry"),

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from moga.optim import Muon
-from moga.orthogonalize import newton_schulz
+from moga.orthogonalize import DEFAULT_NS_STEPS, newton_schulz
 
 
 def quadratic_grads(params, targets):
@@ -49,3 +49,26 @@ def test_muon_plan_uses_spectral_on_matrices_only():
     assert roles["hidden"].startswith("spectral") and roles["readout"].startswith("spectral")
     assert roles["embedding"] == "embedding(q=2)"
     assert roles["vector"] == "vector"
+
+
+def test_same_shape_matrices_share_one_batched_newton_schulz():
+    torch.manual_seed(0)
+    shapes = [(24, 24)] * 4 + [(48, 24)] * 2 + [(24, 48)]
+    params = [nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in shapes]
+    singles = [nn.Parameter(p.detach().clone()) for p in params]
+    batched = Muon(params, lr=0.02, nesterov=True, weight_decay=0.1, ns_dtype="float64")
+    one_by_one = [Muon([p], lr=0.02, nesterov=True, weight_decay=0.1, ns_dtype="float64") for p in singles]
+    for _ in range(2):
+        grads = [torch.randn(s, dtype=torch.float64) for s in shapes]
+        for p, q, g in zip(params, singles, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        with torch.profiler.profile() as prof:
+            batched.step()
+        for o in one_by_one:
+            o.step()
+        for p, q in zip(params, singles):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    steps = DEFAULT_NS_STEPS
+    # one batched iteration per shape (3), not per matrix (7): 2 matmul-adds per Newton-Schulz step each
+    assert calls.get("aten::baddbmm") == 3 * 2 * steps

@@ -31,11 +31,11 @@ def optimizer(
     from rich.table import Table
 
     table = Table(title=f"one step, {records[0]['params']:,} parameters, {records[0]['threads']} threads")
-    for col in ("optimizer", "median ms", "min ms", "x adamw-fused", "state MB", "state x adamw"):
-        table.add_column(col, justify="right" if col != "optimizer" else "left")
+    for col in ("optimizer", "kernel", "median ms", "min ms", "x adamw-fused", "state MB", "state x adamw"):
+        table.add_column(col, justify="right" if col != "optimizer" else "left", no_wrap=col in ("optimizer", "kernel"))
     for r in records:
         table.add_row(
-            r["name"], f"{r['ms']:.1f}", f"{r['ms_min']:.1f}", f"{r.get('ms_vs_adamw_fused', float('nan')):.2f}",
+            r["name"], r["kernel"], f"{r['ms']:.1f}", f"{r['ms_min']:.1f}", f"{r.get('ms_vs_adamw_fused', float('nan')):.2f}",
             f"{r['state_bytes'] / 2**20:.1f}", f"{r.get('state_vs_adamw', float('nan')):.2f}",
         )
     Console().print(table)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from moga.kernels import fused_available
 from moga.optim import MOGA, Muon, ScaledAdamW
 
 GPT2_SMALL_BLOCK = [(768, 768)] * 4 + [(3072, 768), (768, 3072)]
@@ -22,6 +23,7 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "torch-adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
     "torch-muon": lambda ps: torch.optim.Muon(ps, lr=1e-3, weight_decay=0.0),
     "moga-row-p2": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)"),
+    "moga-row-p2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nonfinite="ignore"),
     "moga-row-p1.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=1.5)"),
     "moga-row-p2.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2.5)"),
     "moga-col-q2": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)"),
@@ -29,6 +31,15 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "moga-muon": lambda ps: Muon(ps, lr=1e-3),
     "moga-adamw-scaled": lambda ps: ScaledAdamW(ps, lr=1e-3),
 }
+
+
+def kernel_path(opt: torch.optim.Optimizer) -> str:
+    """Which step ran: "cpp" (moga's fused C++ kernel), "torch" (moga's plain path) or "torch.optim"."""
+    kernel = getattr(opt, "kernel", None)
+    if kernel is None:
+        return "torch.optim"
+    params = [p for g in opt.param_groups for p in g["params"]]
+    return "cpp" if params and fused_available(kernel, params[0].device) else "torch"
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> int:
@@ -70,6 +81,7 @@ def bench_optimizers(
             "ms": statistics.median(times[name]),
             "ms_min": min(times[name]),
             "state_bytes": state_bytes(opts[name]),
+            "kernel": kernel_path(opts[name]),
             "params": n_params,
             "blocks": blocks,
             "repeats": repeats,

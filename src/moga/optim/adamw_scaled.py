@@ -30,6 +30,7 @@ class ScaledAdamW(GeometryOptimizer):
         nonfinite: str = "skip",
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
+        kernel: str = "auto",
     ):
         self.role_geometries = role_geometries(Sign(), Embedding(q=INF), "adamw", update="adam")
         # Plain params get the hidden-matrix rule; a model's role plan decides per parameter.
@@ -37,4 +38,5 @@ class ScaledAdamW(GeometryOptimizer):
             params, lr, 0.0, False, weight_decay, betas, eps, geometry=Sign(), update="adam",
             geometries=geometries, overrides=overrides, nonfinite=nonfinite,
             state_dtype=state_dtype, master_weights=master_weights,
+            kernel=kernel,
         )

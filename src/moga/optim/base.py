@@ -21,8 +21,10 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from moga.geometry import Geometry, parse_geometry
-from moga.layout import Layout, resolve_layout
+from moga.geometry import Geometry, Spectral, parse_geometry
+from moga.kernels import DTYPES as KERNEL_DTYPES
+from moga.kernels import all_finite, check_kernel, covers, fused_available, fused_lmo_step_, fused_ready
+from moga.layout import Layout, as_layout, resolve_layout
 from moga.optim import sharded
 from moga.optim.sharded import DTensor, WholeJob, local
 from moga.roles import RolePlan, build_plan
@@ -92,6 +94,10 @@ class GeometryOptimizer(Optimizer):
     3.0e-5 (1.2e-8) in the master copy. In place, updates below half a bf16 spacing of the weight are lost:
     use master weights for bf16 training. bfloat16 state on float32 parameters: 1.9e-3 (2.3e-5) after 10
     MOGA steps.
+    Kernels. ``kernel="auto"`` (default) runs the fused one-pass step of :mod:`moga.kernels` (C++ on CPU,
+    compiled on CUDA) for the row, col, sign and embedding groups it covers, and falls back to the plain
+    path, with a one-line warning, when it cannot be built; ``"cpp"`` insists on it, ``"torch"`` never
+    uses it. It keeps the non-finite semantics above (a skipped step leaves everything untouched).
     """
 
     role_geometries: Mapping[str, str] = {}
@@ -114,9 +120,11 @@ class GeometryOptimizer(Optimizer):
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
         distributed: bool | None = None,
+        kernel: str = "auto",
     ):
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        self.kernel = check_kernel(kernel)
         self.state_dtype = _state_dtype(state_dtype)
         self.master_weights = bool(master_weights)
         geometry = None if geometry is None else str(parse_geometry(geometry))  # the groups' default spec
@@ -140,6 +148,10 @@ class GeometryOptimizer(Optimizer):
         self._workspace = Workspace()  # scratch for temporaries; not state, never saved
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
+        # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
+        for device in {p.device for plan, group in zip(self._plans, self.param_groups) if group["update"] == "lmo"
+                       and covers(plan.geometry) for p in group["params"]}:
+            fused_available(self.kernel, device)
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -200,6 +212,10 @@ class GeometryOptimizer(Optimizer):
         """Steps what it can; returns the steps that need whole matrices from other ranks, and leaves
         rounding master copies into ``rounding`` (done after those)."""
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        if fused_available(self.kernel, local(params[0]).device):
+            params = self._fused_lmo_step(plan, group, params, ok)  # plain tensors only: DTensors stay here
+            if not params:
+                return []
         # DTensor parameters (FSDP2) step on their local shards: moga.optim.sharded.
         targets = self._targets(params)
         rounding.append((params, targets))
@@ -216,6 +232,10 @@ class GeometryOptimizer(Optimizer):
             torch._foreach_mul_(targets, _gate(ok, 1 - lr * wd, 1.0))
         whole = []
         split_replicated = sharded.replicated_world(self.distributed)
+        if (isinstance(plan.geometry, Spectral) and len(params) > 1 and not split_replicated
+                and not any(isinstance(p, DTensor) for p in params)):
+            self._batched_spectral_step(plan, group, targets, params, grads, directions, alpha, ok)
+            return whole
         for t, p, g, d in zip(targets, params, grads, directions):
             layout = plan.layout(p)
             defer = sharded.needs_whole(plan.geometry, layout) and (isinstance(p, DTensor) or split_replicated)
@@ -229,6 +249,40 @@ class GeometryOptimizer(Optimizer):
             else:
                 plan.geometry.apply_lmo_(t, d, alpha, layout, self._workspace, sharded.reducer(p, plan.geometry, layout))
         return whole
+
+    def _fused_lmo_step(self, plan: GroupPlan, group, params, ok) -> list[torch.Tensor]:
+        """The fused kernel on the parameters it covers (a skipped step, ``ok`` False, leaves them
+        untouched inside the kernel, without a host read); returns the parameters left to the plain path."""
+        lr, momentum = group["lr"], group["momentum"]
+        mastered = [p for p in params if self.master_weights and _low_precision(p)]
+        mine = [p for p in params if not (self.master_weights and _low_precision(p))]
+        if not mine:
+            return params
+        bufs = [self._buffer(p, "momentum_buffer") for p in mine] if momentum > 0 else None
+        found_inf = None if ok is None else (~ok).to(torch.float32)
+        rest = fused_lmo_step_(plan.geometry, [plan.layout(p) for p in mine], mine, [p.grad for p in mine], bufs, lr,
+                               momentum, group["nesterov"], group["weight_decay"], found_inf)
+        return mastered + [mine[k] for k in rest]
+
+    def _batched_spectral_step(self, plan: GroupPlan, group, targets, params, grads, directions, alpha, ok):
+        """Same-shape matrices go through one batched Newton-Schulz (bmm) call: a transformer's identical
+        matrices cost one call, not one each. The stack is a batch axis ``b`` of the layout."""
+        momentum, nesterov = group["momentum"], group["nesterov"] and group["momentum"] > 0
+        batches: dict[tuple, list[int]] = {}
+        for k, (t, p) in enumerate(zip(targets, params)):
+            batches.setdefault((t.shape, t.dtype, t.device, plan.layout(p)), []).append(k)
+        for (_, _, _, layout), ks in batches.items():
+            stack = []
+            for k in ks:
+                d = directions[k]
+                if nesterov:
+                    d = _finite(torch.lerp(grads[k], d, momentum), ok)
+                elif momentum == 0 and ok is not None:  # a NaN would pass through the zero step size
+                    d = torch.where(ok, d, d.new_zeros(()))
+                stack.append(d)
+            weights = torch.stack([targets[k] for k in ks])
+            plan.geometry.apply_lmo_(weights, torch.stack(stack), alpha, as_layout("b" + layout.spec), self._workspace)
+            torch._foreach_copy_([targets[k] for k in ks], list(weights.unbind(0)))
 
     def _adam_step(self, plan: GroupPlan, group, params, ok):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
@@ -345,10 +399,14 @@ class GeometryOptimizer(Optimizer):
             return None
         grads = [p.grad for *_, params in work for p in params]
         device = local(grads[0]).device
-        # min and max of each tensor: NaN and inf show up there, and nothing overflows on the way
-        extremes = [torch.stack(torch.aminmax(local(g))).to(device=device, dtype=torch.float64)
-                    for g in grads if local(g).numel()]  # an uneven FSDP split can leave a rank no rows
-        ok = torch.cat(extremes).isfinite().all() if extremes else torch.ones((), dtype=torch.bool, device=device)
+        plain = all(type(g) is torch.Tensor for g in grads)
+        if plain and self.kernel != "torch" and fused_ready(device) and all(g.dtype in KERNEL_DTYPES for g in grads):
+            ok = all_finite(grads)  # one exact read-only pass in C++ (x * 0 is NaN only for NaN and inf)
+        else:
+            # min and max of each tensor: NaN and inf show up there, and nothing overflows on the way
+            extremes = [torch.stack(torch.aminmax(local(g))).to(device=device, dtype=torch.float64)
+                        for g in grads if local(g).numel()]  # an uneven FSDP split can leave a rank no rows
+            ok = torch.cat(extremes).isfinite().all() if extremes else torch.ones((), dtype=torch.bool, device=device)
         # Shards of one tensor live on several ranks: AND the flag so every rank skips alike (on the device).
         ok = sharded.all_ranks(grads, ok)
         if self.nonfinite == "raise" and not bool(ok):  # the documented sync

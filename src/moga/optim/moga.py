@@ -42,10 +42,12 @@ class MOGA(GeometryOptimizer):
         nonfinite: str = "skip",
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
+        kernel: str = "auto",
     ):
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=geometry,
             geometries=geometries, overrides=overrides, nonfinite=nonfinite,
             state_dtype=state_dtype, master_weights=master_weights,
+            kernel=kernel,
         )

@@ -15,7 +15,8 @@ class Muon(GeometryOptimizer):
 
     ``scale="mean"`` is the geometry's ``s = sqrt(fan_out/fan_in)``; ``scale="torch"`` is
     torch.optim.Muon's ``sqrt(max(1, fan_out/fan_in))``, with which this matches torch.optim.Muon step for
-    step (given ``ns_dtype="bfloat16"``, the dtype torch uses). ``ns_dtype="auto"`` is float32 on CPUs.
+    step (given ``ns_dtype="bfloat16"``, the dtype torch uses). ``ns_dtype="auto"`` is bfloat16 where the hardware multiplies it fast (GPUs, CPUs with AMX or AVX512-BF16),
+    else float32. Same-shape matrices share one batched Newton-Schulz call.
     Embeddings and vectors get MOGA's geometries, so Muon and MOGA differ only on the matrices.
 
     Sharded (FSDP2) matrices are split among the ranks of their shard group: each rank gathers and
@@ -48,6 +49,7 @@ class Muon(GeometryOptimizer):
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
         distributed: bool | None = None,
+        kernel: str = "auto",
     ):
         spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
         self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
@@ -55,4 +57,5 @@ class Muon(GeometryOptimizer):
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
             geometries=geometries, overrides=overrides, nonfinite=nonfinite,
             state_dtype=state_dtype, master_weights=master_weights, distributed=distributed,
+            kernel=kernel,
         )

@@ -1,0 +1,152 @@
+"""Fused optimizer steps: one pass per row for the row, col, sign and embedding geometries.
+
+``kernel="cpp"`` runs the C++ kernel (``lmo_step.cpp``, JIT-built on first use) on CPU tensors and a
+``torch.compile``'d step on CUDA tensors; ``"torch"`` the plain path of :mod:`moga.geometry`; ``"auto"``
+the fused kernel where it can be had, else the plain path with a one-line warning. ``reference.py``
+is the same step in plain torch, tested equal to both.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from moga.geometry import Col, Geometry, Row, Sign
+from moga.layout import Layout
+from moga.numerics import dual_exponent
+
+KERNELS = ("auto", "cpp", "torch")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+_unavailable: dict[str, str] = {}  # device type -> why the fused kernel cannot run there
+
+
+def check_kernel(kernel: str) -> str:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return kernel
+
+
+def _why_unavailable(device_type: str) -> str | None:
+    if device_type not in _unavailable:
+        try:
+            if device_type == "cpu":
+                from moga.kernels.build import load_extension
+
+                load_extension()
+            elif device_type == "cuda":
+                import triton  # noqa: F401  (torch.compile's CUDA backend)
+            else:
+                raise RuntimeError(f"no fused kernel for {device_type} tensors")
+            _unavailable[device_type] = ""
+        except Exception as e:  # no compiler, a failed build, no triton: all mean "use the plain path"
+            _unavailable[device_type] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return _unavailable[device_type] or None
+
+
+def fused_available(kernel: str, device: torch.device) -> bool:
+    """Whether the fused kernel runs for tensors on ``device`` under ``kernel``. ``"cpp"`` raises when it
+    cannot; ``"auto"`` warns once per device type and returns False."""
+    if kernel == "torch":
+        return False
+    why = _why_unavailable(device.type)
+    if why is None:
+        return True
+    if kernel == "cpp":
+        raise RuntimeError(f"kernel='cpp': the fused kernel is not available for {device.type} tensors ({why})")
+    if device.type in ("cpu", "cuda") and not getattr(fused_available, f"_warned_{device.type}", False):
+        setattr(fused_available, f"_warned_{device.type}", True)
+        warnings.warn(f"moga: fused {device.type} kernel unavailable ({why}); using the plain torch path", RuntimeWarning,
+                      stacklevel=3)
+    return False
+
+
+@torch.compiler.assume_constant_result  # depends on static facts only: traced as a constant
+def plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> tuple[tuple[int, int, int], float, float] | None:
+    """``((B, K, N), p, factor)`` such that the geometry's LMO is ``-factor * phi_p`` along K of the
+    tensor's (B, K, N) view; None when the kernel does not cover it (spectral, vector, p = inf, or
+    normalized axes that are not adjacent)."""
+    if math.prod(shape) == 0:  # nothing to do, whatever the geometry
+        return (0, 0, 0), 1.0, 0.0
+    if isinstance(geometry, Sign):
+        p, factor, dims = 1.0, 1 / layout.fan_in(shape), None
+    elif isinstance(geometry, Row):
+        p, factor, dims = geometry.p, layout.fan_in(shape) ** (-1 / geometry.p), layout.in_dims
+    elif isinstance(geometry, Col):  # also Embedding, which only changes the factor
+        p, factor, dims = dual_exponent(geometry.q), geometry._scale(shape, layout), layout.out_dims
+    else:
+        return None
+    if p == math.inf:
+        return None
+    if p == 1:  # elementwise: any rows will do
+        last = shape[-1] if len(shape) else 1
+        return (math.prod(shape) // last, last, 1), 1.0, factor
+    if list(dims) != list(range(dims[0], dims[-1] + 1)):
+        return None
+    return (math.prod(shape[: dims[0]]), math.prod(shape[dims[0]: dims[-1] + 1]), math.prod(shape[dims[-1] + 1:])), p, factor
+
+
+def covers(geometry: Geometry) -> bool:
+    """Whether the fused kernel can take a group of this geometry (p = inf aside)."""
+    return isinstance(geometry, (Row, Col, Sign))
+
+
+def fits(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None) -> bool:
+    """The kernel's tensor requirements: plain tensors (a DTensor shard takes the plain path), one dtype
+    it knows, dense, contiguous, one device."""
+    tensors = (param, grad) if buf is None else (param, grad, buf)
+    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) and param.dtype in DTYPES and all(t.dtype == param.dtype and t.device == param.device for t in tensors)
+            and all(t.layout == torch.strided and t.is_contiguous() for t in tensors))
+
+
+def fused_lmo_step_(
+    geometry: Geometry, layouts: list[Layout | None], params: list[torch.Tensor], grads: list[torch.Tensor],
+    bufs: list[torch.Tensor] | None, lr: float, momentum: float, nesterov: bool, weight_decay: float,
+    found_inf: torch.Tensor | None = None,
+) -> list[int]:
+    """One fused step (momentum EMA, Nesterov, decoupled decay, LMO) for the parameters the kernel
+    covers, all on ``params[0]``'s device; returns the indices of those it left to the plain path."""
+    from moga.kernels import ops  # registers the torch.ops.moga custom ops
+
+    device = params[0].device
+    done, shapes, scales = [], [], []
+    p_common = None
+    for k, (w, g) in enumerate(zip(params, grads)):
+        buf = bufs[k] if bufs else None
+        if w.device != device or not fits(w, g, buf):
+            continue
+        if w.numel() == 0:  # nothing to update
+            done.append(k)
+            continue
+        planned = plan(geometry, layouts[k], w.shape)
+        if planned is None or (p_common is not None and planned[1] != p_common):
+            continue
+        shape, p_common, factor = planned
+        done.append(k)
+        shapes.extend(shape)
+        scales.append(-lr * factor)
+    work = [k for k in done if params[k].numel()]
+    if work:
+        ops.lmo_step_(
+            [params[k] for k in work], [grads[k] for k in work], [bufs[k] for k in work] if bufs else [],
+            found_inf, shapes, scales, p_common, momentum if bufs else 0.0, nesterov, 1 - lr * weight_decay,
+        )
+    skipped = set(done)
+    return [k for k in range(len(params)) if k not in skipped]
+
+
+def fused_ready(device: torch.device) -> bool:
+    """The fused kernel is already built and loaded for this device (never starts a build)."""
+    return _unavailable.get(device.type) == "" and device.type == "cpu"
+
+
+def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A 0-dim bool on the CPU: no element of the (CPU) tensors is NaN or inf. One exact read-only pass."""
+    from moga.kernels import ops
+
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return torch.ones((), dtype=torch.bool)
+    return ops.found_nonfinite(tensors) == 0

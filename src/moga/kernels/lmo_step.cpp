@@ -1,0 +1,485 @@
+// One pass per row: momentum EMA (and Nesterov), the row's ||.||_p, decoupled weight decay and the
+// update of W, for the row, col, sign and embedding geometries (GEOMETRY.md). Readable reference:
+// reference.py beside this file; the two are tested equal.
+//
+// Every tensor is viewed as (B, K, N) and normalized along K for each (b, j):
+//   N == 1 : "row mode", each of the B rows of length K is contiguous;
+//   N  > 1 : "column mode", columns of stride N, worked on in blocks of columns so that a block's
+//            K x width tile stays in cache between its two passes.
+// Per row (or column) x, with d the direction (momentum EMA, Nesterov look-ahead or the gradient):
+//   pass A: update m, compute d, t = sign(d)|d|^(p-1) into scratch, S = sum |d|^p, a = max |d|;
+//   pass B: W <- decay * W + f * t, with f = c / S^((p-1)/p) (c = -lr * geometry factor).
+// p == 1 is sign: a single pass. Rows whose sums would under- or overflow (the current path's
+// "huge/tiny magnitudes") are redone in double, divided by their maximum first.
+// Math is in float32 for float32 and bfloat16 parameters, float64 for float64.
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <atomic>
+#include <optional>
+#include <vector>
+
+#include <torch/library.h>
+
+namespace {
+
+using at::vec::Vectorized;
+
+enum class Kind { Sign, P2, P15, P25, Generic };
+
+struct Config {
+  double p;         // exponent of phi_p
+  double beta;      // momentum; 0 = none
+  bool nesterov;
+  double decay;     // 1 - lr * weight_decay
+};
+
+// torch.lerp's formula (so the EMA rounds like torch._foreach_lerp_): weight < 0.5 starts from x.
+template <typename T>
+inline Vectorized<T> lerp(const Vectorized<T>& x, const Vectorized<T>& y, T w) {
+  if (w < T(0.5)) return at::vec::fmadd(Vectorized<T>(w), y - x, x);
+  return y - (y - x) * Vectorized<T>(T(1) - w);
+}
+
+template <typename T>
+inline T lerp(T x, T y, T w) {
+  return w < T(0.5) ? x + w * (y - x) : y - (y - x) * (T(1) - w);
+}
+
+template <typename T>
+inline Vectorized<T> with_sign_of(const Vectorized<T>& magnitude, const Vectorized<T>& d) {
+  return magnitude | (d & Vectorized<T>(T(-0.0)));  // the sign bit of d on |d|^(p-1) >= 0
+}
+
+template <typename T>
+inline Vectorized<T> sign_of(const Vectorized<T>& d) {
+  const Vectorized<T> zero(T(0));
+  return d.gt(zero) - d.lt(zero);  // torch.sign: 0 at 0
+}
+
+// The direction at one vector of elements: updates m in place when there is momentum.
+template <typename T>
+inline Vectorized<T> direction(const T* g, T* m, int64_t count, const Config& cfg) {
+  using V = Vectorized<T>;
+  V gv = V::loadu(g, count);
+  if (m == nullptr) return gv;
+  V mv = lerp(V::loadu(m, count), gv, T(1 - cfg.beta));
+  mv.store(m, count);
+  return cfg.nesterov ? lerp(gv, mv, T(cfg.beta)) : mv;
+}
+
+// The direction again (m already updated), for the rare rows redone in double.
+template <typename T>
+inline T direction_again(const T* g, const T* m, int64_t i, const Config& cfg) {
+  if (m == nullptr) return g[i];
+  return cfg.nesterov ? lerp(g[i], m[i], T(cfg.beta)) : m[i];
+}
+
+// t = sign(d)|d|^(p-1); accumulates |d|^p into s. p = 1.5, 2, 2.5 avoid pow (Sleef's, ~10x slower).
+template <typename T, Kind K>
+inline Vectorized<T> powered(const Vectorized<T>& d, Vectorized<T>& s, const Vectorized<T>& p_minus_1) {
+  using V = Vectorized<T>;
+  if constexpr (K == Kind::P2) {
+    s = at::vec::fmadd(d, d, s);
+    return d;
+  } else {
+    V a = d.abs();
+    V u;
+    if constexpr (K == Kind::P15) u = a.sqrt();
+    else if constexpr (K == Kind::P25) u = a * a.sqrt();
+    else u = a.pow(p_minus_1);
+    s = at::vec::fmadd(a, u, s);
+    return with_sign_of(u, d);
+  }
+}
+
+template <typename T>
+inline T horizontal_sum(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T total = 0;
+  for (int64_t k = 0; k < Vectorized<T>::size(); ++k) total += lanes[k];
+  return total;
+}
+
+template <typename T>
+inline T horizontal_max(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T best = lanes[0];
+  for (int64_t k = 1; k < Vectorized<T>::size(); ++k) best = (lanes[k] > best || std::isnan(lanes[k])) ? lanes[k] : best;
+  return best;
+}
+
+// True when S = sum |d|^p and the maximum a can be used as they are in T: no term that matters
+// underflowed and nothing overflowed (NaN also fails, and is then carried through in double).
+template <typename T>
+inline bool in_range(double s, double a, double p) {
+  const double tiny = std::numeric_limits<T>::min(), huge = std::numeric_limits<T>::max();
+  return s <= huge * 0x1p-24 && std::pow(a, p) >= tiny * 0x1p24;
+}
+
+// f = c / S^((p-1)/p); 0 for a zero row (its LMO is zero, never NaN).
+inline double factor(double s, double p, double c, Kind kind) {
+  if (!(s > 0)) return s == 0 ? 0.0 : s;  // 0 or NaN
+  if (kind == Kind::P2) return c / std::sqrt(s);
+  return c * std::pow(s, -(p - 1) / p);
+}
+
+// d for every element of a row or tile into out (m already updated).
+template <typename T>
+void redo_direction(const T* g, const T* m, int64_t rows, int64_t cols, int64_t stride, T* out, int64_t out_stride,
+                    const Config& cfg) {
+  for (int64_t k = 0; k < rows; ++k)
+    for (int64_t j = 0; j < cols; ++j)
+      out[k * out_stride + j] = direction_again(g + k * stride, m ? m + k * stride : nullptr, j, cfg);
+}
+
+// The slow, exact update of one row or column of directions d (stride apart) in double, divided by
+// its maximum first so that neither |d|^p nor |d|^(p-1) under- or overflows.
+template <typename T>
+void exact_update(const T* d, T* w, int64_t n, int64_t d_stride, int64_t w_stride, const Config& cfg, double c) {
+  double peak = 0;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    double a = std::abs(double(d[i * d_stride]));
+    nan |= std::isnan(a);
+    peak = std::max(peak, a);
+  }
+  const double p = cfg.p;
+  const double inv = peak > 0 && std::isfinite(peak) ? 1.0 / peak : 1.0;
+  double s = nan ? NAN : 0.0;
+  for (int64_t i = 0; i < n; ++i) s += std::pow(std::abs(double(d[i * d_stride])) * inv, p);
+  const double f = factor(s, p, c, Kind::Generic);
+  for (int64_t i = 0; i < n; ++i) {
+    double di = double(d[i * d_stride]);
+    double t = std::copysign(std::pow(std::abs(di) * inv, p - 1), di);
+    T& wi = w[i * w_stride];
+    wi = T(double(T(wi * T(cfg.decay))) + f * t);
+  }
+}
+
+template <typename T>
+T* scratch(int64_t n) {
+  thread_local std::vector<T> buffer;
+  if (int64_t(buffer.size()) < n) buffer.resize(n);
+  return buffer.data();
+}
+
+// ---- row mode -----------------------------------------------------------------------------------
+
+template <typename T, Kind K>
+void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const V decay(T(cfg.decay));
+  if constexpr (K == Kind::Sign) {
+    const V cv = V(T(c));
+    for (int64_t i = 0; i < n; i += L) {
+      const int64_t cnt = std::min(L, n - i);
+      V d = direction(g + i, m ? m + i : nullptr, cnt, cfg);
+      at::vec::fmadd(cv, sign_of(d), V::loadu(w + i, cnt) * decay).store(w + i, cnt);
+    }
+    return;
+  } else {
+    T* t = scratch<T>(n);
+    const V e = V(T(cfg.p - 1));
+    V s(T(0)), peak(T(0));
+    for (int64_t i = 0; i < n; i += L) {
+      const int64_t cnt = std::min(L, n - i);
+      V d = direction(g + i, m ? m + i : nullptr, cnt, cfg);
+      peak = at::vec::maximum(peak, d.abs());
+      powered<T, K>(d, s, e).store(t + i, cnt);
+    }
+    const double total = horizontal_sum(s);
+    const double a = horizontal_max(peak);
+    if (a == 0) {  // a zero row: only the decay
+      for (int64_t i = 0; i < n; i += L) {
+        const int64_t cnt = std::min(L, n - i);
+        (V::loadu(w + i, cnt) * decay).store(w + i, cnt);
+      }
+      return;
+    }
+    if (!in_range<T>(total, a, cfg.p)) {
+      redo_direction(g, m, 1, n, 0, t, 0, cfg);
+      exact_update(t, w, n, 1, 1, cfg, c);
+      return;
+    }
+    const V f(T(factor(total, cfg.p, c, K)));
+    for (int64_t i = 0; i < n; i += L) {
+      const int64_t cnt = std::min(L, n - i);
+      at::vec::fmadd(f, V::loadu(t + i, cnt), V::loadu(w + i, cnt) * decay).store(w + i, cnt);
+    }
+  }
+}
+
+// ---- dispatch ------------------------------------------------------------------------------------
+
+Kind kind_of(double p) {
+  if (p == 1) return Kind::Sign;
+  if (p == 2) return Kind::P2;
+  if (p == 1.5) return Kind::P15;
+  if (p == 2.5) return Kind::P25;
+  return Kind::Generic;
+}
+
+// ---- column mode ---------------------------------------------------------------------------------
+// Columns of a row-major (R, N) slice are normalized with two row-major sweeps, so that every access is
+// sequential: sweep A updates m and sums |d|^p per column, sweep B recomputes d from g and the new m and
+// updates W (7 streams, like fused AdamW; a column-blocked single pass with its strided rows measured
+// ~3x slower). Rows are split into fixed chunks with their own partial sums, added in a fixed order,
+// so the result does not depend on the number of threads.
+
+constexpr int64_t kChunkRows = 32;
+
+// A row of storage S as T: the row itself when S == T, else a converted thread-local copy.
+template <typename S, typename T>
+struct RowIn {
+  const T* ptr;
+  RowIn(const S* src, int64_t n, int slot) {
+    if constexpr (std::is_same_v<S, T>) {
+      ptr = src;
+    } else {
+      thread_local std::vector<T> buffers[3];
+      auto& buf = buffers[slot];
+      if (int64_t(buf.size()) < n) buf.resize(n);
+      for (int64_t i = 0; i < n; ++i) buf[i] = T(src[i]);
+      ptr = buf.data();
+    }
+  }
+};
+
+template <typename S, typename T>
+void store_row(const T* src, S* dst, int64_t n) {
+  if constexpr (!std::is_same_v<S, T>)
+    for (int64_t i = 0; i < n; ++i) dst[i] = S(src[i]);
+}
+
+// d without touching m (already updated by sweep A).
+template <typename T>
+inline Vectorized<T> direction_peek(const T* g, const T* m, int64_t count, const Config& cfg) {
+  using V = Vectorized<T>;
+  V gv = V::loadu(g, count);
+  if (m == nullptr) return gv;
+  V mv = V::loadu(m, count);
+  return cfg.nesterov ? lerp(gv, mv, T(cfg.beta)) : mv;
+}
+
+template <typename S, typename T, Kind K>
+void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, const Config& cfg, double c) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const int64_t chunks = (R + kChunkRows - 1) / kChunkRows, width = (N + L - 1) / L * L;
+  std::vector<T> sums(B * chunks * width), tops(B * chunks * width), f(B * width);
+  std::vector<char> exact(B, 0);
+  const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
+  at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
+      T* s = sums.data() + item * width;
+      T* top = tops.data() + item * width;
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t off = (b * R + k) * N;
+        RowIn<S, T> gr(g + off, N, 0);
+        RowIn<S, T> mr(m ? m + off : g + off, N, 1);
+        T* mk = m ? const_cast<T*>(mr.ptr) : nullptr;
+        for (int64_t j = 0; j < N; j += L) {
+          const int64_t cnt = std::min(L, N - j);
+          V d = direction(gr.ptr + j, mk ? mk + j : nullptr, cnt, cfg);
+          at::vec::maximum(V::loadu(top + j), d.abs()).store(top + j);
+          V sv = V::loadu(s + j);
+          powered<T, K>(d, sv, e);
+          sv.store(s + j);
+        }
+        if (m) store_row<S, T>(mk, m + off, N);
+      }
+    }
+  });
+  for (int64_t b = 0; b < B; ++b) {  // the chunks' partial sums, in order
+    for (int64_t ch = 1; ch < chunks; ++ch) {
+      T* s0 = sums.data() + b * chunks * width;
+      T* t0 = tops.data() + b * chunks * width;
+      const T* s1 = s0 + ch * width;
+      const T* t1 = t0 + ch * width;
+      for (int64_t j = 0; j < width; j += L) {
+        (V::loadu(s0 + j) + V::loadu(s1 + j)).store(s0 + j);
+        at::vec::maximum(V::loadu(t0 + j), V::loadu(t1 + j)).store(t0 + j);
+      }
+    }
+    const T* s = sums.data() + b * chunks * width;
+    const T* top = tops.data() + b * chunks * width;
+    for (int64_t j = 0; j < N; ++j) {
+      if (top[j] != 0 && !in_range<T>(s[j], top[j], cfg.p)) exact[b] = 1;
+      f[b * width + j] = top[j] == 0 ? T(0) : T(factor(s[j], cfg.p, c, K));
+    }
+  }
+  at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
+      if (exact[b]) continue;
+      const T* fb = f.data() + b * width;
+      V unused(T(0));
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t off = (b * R + k) * N;
+        RowIn<S, T> gr(g + off, N, 0);
+        RowIn<S, T> mr(m ? m + off : g + off, N, 1);
+        RowIn<S, T> wr(w + off, N, 2);
+        T* wk = const_cast<T*>(wr.ptr);
+        for (int64_t j = 0; j < N; j += L) {
+          const int64_t cnt = std::min(L, N - j);
+          V t = powered<T, K>(direction_peek(gr.ptr + j, m ? mr.ptr + j : nullptr, cnt, cfg), unused, e);
+          at::vec::fmadd(V::loadu(fb + j), t, V::loadu(wk + j, cnt) * decay).store(wk + j, cnt);
+        }
+        store_row<S, T>(wk, w + off, N);
+      }
+    }
+  });
+  for (int64_t b = 0; b < B; ++b) {  // rare: slices with a column to redo in double
+    if (!exact[b]) continue;
+    std::vector<T> d(R), wcol(R);
+    for (int64_t j = 0; j < N; ++j) {
+      for (int64_t k = 0; k < R; ++k) {
+        const int64_t at = (b * R + k) * N + j;
+        const T gk = T(g[at]), mk = m ? T(m[at]) : T(0);
+        d[k] = m == nullptr ? gk : (cfg.nesterov ? lerp(gk, mk, T(cfg.beta)) : mk);
+        wcol[k] = T(w[at]);
+      }
+      exact_update(d.data(), wcol.data(), R, 1, 1, cfg, c);
+      for (int64_t k = 0; k < R; ++k) w[(b * R + k) * N + j] = S(wcol[k]);
+    }
+  }
+}
+
+// Storage S, math in T: float and double work in place; bfloat16 goes through float copies.
+template <typename S, typename T, Kind K>
+void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& buf, int64_t B, int64_t R, int64_t N,
+                 const Config& cfg, double c) {
+  S* w = param.data_ptr<S>();
+  const S* g = grad.data_ptr<S>();
+  S* m = buf.defined() ? buf.data_ptr<S>() : nullptr;
+  if (N == 1) {  // rows of length R
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(R, 1));
+    at::parallel_for(0, B, grain, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b) {
+        const int64_t off = b * R;
+        if constexpr (std::is_same_v<S, T>) {
+          row_step<T, K>(g + off, m ? m + off : nullptr, w + off, R, cfg, c);
+        } else {
+          thread_local std::vector<T> gf, mf, wf;
+          gf.resize(R); mf.resize(R); wf.resize(R);
+          for (int64_t i = 0; i < R; ++i) { gf[i] = T(g[off + i]); wf[i] = T(w[off + i]); if (m) mf[i] = T(m[off + i]); }
+          row_step<T, K>(gf.data(), m ? mf.data() : nullptr, wf.data(), R, cfg, c);
+          for (int64_t i = 0; i < R; ++i) { w[off + i] = S(wf[i]); if (m) m[off + i] = S(mf[i]); }
+        }
+      }
+    });
+    return;
+  }
+  col_tensor_step<S, T, K>(g, m, w, B, R, N, cfg, c);
+}
+
+template <typename S, typename T>
+void tensor_step_any_p(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& buf, int64_t B, int64_t R,
+                       int64_t N, const Config& cfg, double c) {
+  switch (kind_of(cfg.p)) {
+    case Kind::Sign: return tensor_step<S, T, Kind::Sign>(param, grad, buf, B, R, N, cfg, c);
+    case Kind::P2: return tensor_step<S, T, Kind::P2>(param, grad, buf, B, R, N, cfg, c);
+    case Kind::P15: return tensor_step<S, T, Kind::P15>(param, grad, buf, B, R, N, cfg, c);
+    case Kind::P25: return tensor_step<S, T, Kind::P25>(param, grad, buf, B, R, N, cfg, c);
+    default: return tensor_step<S, T, Kind::Generic>(param, grad, buf, B, R, N, cfg, c);
+  }
+}
+
+bool flag_set(const std::optional<at::Tensor>& found_inf) {
+  return found_inf.has_value() && found_inf->defined() && found_inf->item<double>() != 0;
+}
+
+}  // namespace
+
+// params[k] += decay-and-LMO step; shapes holds (B, K, N) per tensor, scales the c = -lr * factor.
+// Nothing is touched when found_inf holds a nonzero value (the optimizer's non-finite skip).
+void lmo_step(at::TensorList params, at::TensorList grads, at::TensorList bufs, const std::optional<at::Tensor>& found_inf,
+              at::IntArrayRef shapes, at::ArrayRef<double> scales, double p, double momentum, bool nesterov,
+              double decay) {
+  const size_t n = params.size();
+  TORCH_CHECK(grads.size() == n && scales.size() == n && shapes.size() == 3 * n, "moga lmo_step: list lengths differ");
+  TORCH_CHECK(bufs.empty() || bufs.size() == n, "moga lmo_step: momentum buffers must be none or one per parameter");
+  TORCH_CHECK(p >= 1 && std::isfinite(p), "moga lmo_step: p must be finite and >= 1, got ", p);
+  if (flag_set(found_inf)) return;
+  const Config cfg{p, bufs.empty() ? 0.0 : momentum, nesterov, decay};
+  for (size_t k = 0; k < n; ++k) {
+    const at::Tensor& w = params[k];
+    const at::Tensor& g = grads[k];
+    at::Tensor m = bufs.empty() ? at::Tensor() : bufs[k];
+    const int64_t B = shapes[3 * k], R = shapes[3 * k + 1], N = shapes[3 * k + 2];
+    TORCH_CHECK(w.device().is_cpu() && g.device().is_cpu(), "moga lmo_step: CPU tensors only");
+    TORCH_CHECK(w.is_contiguous() && g.is_contiguous() && (!m.defined() || m.is_contiguous()),
+                "moga lmo_step: tensors must be contiguous");
+    TORCH_CHECK(g.scalar_type() == w.scalar_type() && (!m.defined() || m.scalar_type() == w.scalar_type()),
+                "moga lmo_step: parameter, gradient and buffer dtypes differ");
+    TORCH_CHECK(w.numel() == B * R * N && g.numel() == w.numel() && (!m.defined() || m.numel() == w.numel()),
+                "moga lmo_step: shape (", B, ", ", R, ", ", N, ") does not match a tensor of ", w.numel(), " elements");
+    if (w.numel() == 0) continue;
+    switch (w.scalar_type()) {
+      case at::kFloat: tensor_step_any_p<float, float>(w, g, m, B, R, N, cfg, scales[k]); break;
+      case at::kDouble: tensor_step_any_p<double, double>(w, g, m, B, R, N, cfg, scales[k]); break;
+      case at::kBFloat16: tensor_step_any_p<c10::BFloat16, float>(w, g, m, B, R, N, cfg, scales[k]); break;
+      default: TORCH_CHECK(false, "moga lmo_step: float32, float64 or bfloat16 parameters, got ", w.scalar_type());
+    }
+  }
+}
+
+// 1.0 when any element of any tensor is NaN or inf, else 0.0: one read-only pass (x * 0 is 0 for
+// every finite x and NaN otherwise, so a sum of them is exact, without overflow).
+at::Tensor found_nonfinite(at::TensorList tensors) {
+  bool bad = false;
+  for (const at::Tensor& t0 : tensors) {
+    if (bad) break;
+    if (t0.numel() == 0) continue;
+    at::Tensor t = t0.contiguous();
+    TORCH_CHECK(t.device().is_cpu(), "moga found_nonfinite: CPU tensors only");
+    const int64_t n = t.numel();
+    std::atomic<bool> any{false};
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, t.scalar_type(), "found_nonfinite", [&] {
+      const scalar_t* x = t.data_ptr<scalar_t>();
+      at::parallel_for(0, n, 65536, [&](int64_t lo, int64_t hi) {
+        if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+          using V = Vectorized<scalar_t>;
+          V acc(scalar_t(0));
+          const V zero(scalar_t(0));
+          int64_t i = lo;
+          for (; i + V::size() <= hi; i += V::size()) acc = at::vec::fmadd(V::loadu(x + i), zero, acc);
+          scalar_t rest = 0;
+          for (; i < hi; ++i) rest += x[i] * scalar_t(0);
+          if (std::isnan(horizontal_sum(acc) + rest)) any = true;
+        } else {
+          float acc = 0;
+          for (int64_t i = lo; i < hi; ++i) acc += float(x[i]) * 0.0f;
+          if (std::isnan(acc)) any = true;
+        }
+      });
+    });
+    bad = any.load();
+  }
+  return at::scalar_tensor(bad ? 1.0 : 0.0, at::kFloat);
+}
+
+// Plain ops of the compiled library; moga.kernels.ops wraps them in the public moga:: custom ops.
+TORCH_LIBRARY(moga_kernels, m) {
+  m.def("lmo_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] bufs, Tensor? found_inf, int[] shapes, "
+        "float[] scales, float p, float momentum, bool nesterov, float decay) -> ()");
+  m.def("found_nonfinite(Tensor[] tensors) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(moga_kernels, CPU, m) {
+  m.impl("lmo_step", &lmo_step);
+  m.impl("found_nonfinite", &found_nonfinite);
+}

@@ -1,0 +1,65 @@
+"""The one-pass step in plain torch: the readable reference of ``lmo_step.cpp``, and the CUDA kernel
+when compiled with ``torch.compile``. It runs on any device.
+
+A tensor is viewed as (B, K, N) and normalized along K (GEOMETRY.md, phi_p), for each of its
+B x N rows or columns:
+
+    m <- lerp(m, g, 1 - momentum)                      (the EMA; skipped without momentum)
+    d <- lerp(g, m, momentum) if nesterov else m       (or g without momentum)
+    W <- decay * W + c * phi_p(d)                      (decay = 1 - lr*wd, c = -lr * geometry factor)
+
+with ``phi_p(d) = sign(d) |d|^(p-1) / ||d||_p^(p-1)`` (0 for a zero row; ``sign(d)`` for p = 1). Math
+is in float32 for float32 and bfloat16 tensors, float64 for float64. ``found_inf`` (a 0-dim tensor)
+leaves everything as it was when nonzero, without a host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def phi(d: torch.Tensor, p: float) -> torch.Tensor:
+    """phi_p along dim 1 of a (B, K, N) tensor, exact at any magnitude: the row is divided by its max."""
+    if p == 1:
+        return torch.sign(d)
+    a = d.abs()
+    peak = a.amax(dim=1, keepdim=True)
+    a = a / torch.where(peak > 0, peak, torch.ones_like(peak))
+    u = a.pow(p - 1)
+    total = (a * u).sum(dim=1, keepdim=True)
+    scale = torch.where(total > 0, total, torch.ones_like(total)).pow(-(p - 1) / p)
+    return u.copysign(d) * torch.where(total > 0, scale, torch.zeros_like(scale))
+
+
+def tensor_step_(
+    param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None, found_inf: torch.Tensor | None,
+    shape: tuple[int, int, int], c: float, p: float, momentum: float, nesterov: bool, decay: float,
+) -> None:
+    compute = compute_dtype(param.dtype)
+    g = grad.reshape(shape).to(compute)
+    d = g
+    if buf is not None:
+        m = buf.reshape(shape).to(compute).lerp(g, 1 - momentum)
+        d = torch.lerp(g, m, momentum) if nesterov else m
+    w = param.reshape(shape).to(compute) * decay + c * phi(d, p)
+    if found_inf is not None:  # keep the old values where the step is skipped
+        keep = found_inf.to(param.device) != 0
+        w = torch.where(keep, param.reshape(shape).to(compute), w)
+        if buf is not None:
+            m = torch.where(keep, buf.reshape(shape).to(compute), m)
+    param.copy_(w.reshape(param.shape))
+    if buf is not None:
+        buf.copy_(m.reshape(buf.shape))
+
+
+def lmo_step_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay, step=tensor_step_) -> None:
+    """The list form of the op (same arguments as ``torch.ops.moga.lmo_step_``)."""
+    for k, (w, g) in enumerate(zip(params, grads)):
+        if w.numel() == 0:
+            continue
+        buf = bufs[k] if bufs else None
+        step(w, g, buf, found_inf, tuple(shapes[3 * k: 3 * k + 3]), scales[k], p, momentum, nesterov, decay)
