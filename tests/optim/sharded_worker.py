@@ -223,4 +223,5 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
     results["error/grad"] = error_case(grad_sharded_otherwise)
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(results, f)
+    dist.barrier()  # no rank closes its connections while another still uses them (gloo aborts on that)
     dist.destroy_process_group()

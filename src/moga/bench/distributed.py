@@ -103,6 +103,7 @@ def _worker(rank: int, world: int, init_file: str, out: str, blocks: int, vocab:
         del opt, model
     if rank == 0:
         Path(out).write_text(json.dumps(records))
+    dist.barrier()  # no rank closes its connections while another still uses them (gloo aborts on that)
     dist.destroy_process_group()
 
 

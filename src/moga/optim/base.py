@@ -149,8 +149,9 @@ class GeometryOptimizer(Optimizer):
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
         # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
+        # DTensor shards always take the plain path, so FSDP2 workers never build it.
         for device in {p.device for plan, group in zip(self._plans, self.param_groups) if group["update"] == "lmo"
-                       and covers(plan.geometry) for p in group["params"]}:
+                       and covers(plan.geometry) for p in group["params"] if not isinstance(p, DTensor)}:
             fused_available(self.kernel, device)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -212,7 +213,7 @@ class GeometryOptimizer(Optimizer):
         """Steps what it can; returns the steps that need whole matrices from other ranks, and leaves
         rounding master copies into ``rounding`` (done after those)."""
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        if fused_available(self.kernel, local(params[0]).device):
+        if any(not isinstance(p, DTensor) for p in params) and fused_available(self.kernel, params[0].device):
             params = self._fused_lmo_step(plan, group, params, ok)  # plain tensors only: DTensors stay here
             if not params:
                 return []

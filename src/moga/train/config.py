@@ -321,7 +321,7 @@ class RunConfig(_Section):
 # Keys that do not change what a run computes: a run may resume with other values for them.
 UNHASHED = ("name", "logging", "checkpoint")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
-LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10},
+LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None},
               "train": {"parallel": "auto", "precision": "fp32", "divergence_factor": 10.0}}
 
 
