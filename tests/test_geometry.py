@@ -1,4 +1,4 @@
-"""Every geometry against its definition in GEOMETRY.md: optimality and duality of the LMO, the
+"""Every geometry against its definition in docs/math.md §2: optimality and duality of the LMO, the
 mean-normalized operator norm it claims to be, orientation, scale invariance and zero handling."""
 
 import math
@@ -95,7 +95,7 @@ def test_float32_extreme_magnitudes_stay_finite():
             assert geom.norm(d.double()).item() == pytest.approx(1.0, rel=1e-4)
 
 
-# --- the norms are GEOMETRY.md's mean-normalized operator norms --------------------------------------
+# --- the norms are docs/math.md §1.2's mean-normalized operator norms --------------------------------------
 
 
 def mean_norm(x, p):
@@ -123,7 +123,7 @@ def operator_pair(geom):
 
 
 def maximizer(geom, d):
-    """An input x that attains the operator norm (from the closed forms in GEOMETRY.md)."""
+    """An input x that attains the operator norm (from the closed forms in docs/math.md §2)."""
     from moga.geometry import dual_exponent, phi
 
     if isinstance(geom, Row):  # the row with the largest l_{p*} norm, paired with its l_p dual vector
@@ -190,7 +190,7 @@ def test_orientation_errors_say_what_to_pass():
         Layout("ox")
 
 
-# --- special cases named in GEOMETRY.md ----------------------------------------------------------------
+# --- special cases named in docs/math.md §2.8 ----------------------------------------------------------------
 
 
 def test_sign_is_row1_and_col_inf():

@@ -2,7 +2,7 @@
 
 With this scaling the loss's Lipschitz and smoothness constants in the block norm do not depend on the
 depth ``K``, so a learning rate tuned at a reference depth ``K_base`` needs no depth correction
-(GEOMETRY.md, "Depth"; depth paper, Definition 1 and Theorems 1-2). ``beta`` defaults to ``K_base``
+(docs/math.md §4; [depth], Definition 1 and Theorems 1-2). ``beta`` defaults to ``K_base``
 (``alpha = K_base / K``, ``K_base = 2`` in the paper's figure 1), so at ``K = K_base`` the network is the
 unscaled one. ``mode="none"`` gives ``alpha = 1``, the unscaled baseline.
 

@@ -1,9 +1,9 @@
-"""Norms, dual norms and linear minimisation oracles: one small object per row of GEOMETRY.md's table.
+"""Norms, dual norms and linear minimisation oracles: one small object per row of docs/math.md §2.
 
 Every geometry works on the logical fan_out x fan_in matrix of a stored tensor, given by a
 :mod:`moga.layout` string, so an embedding stored (vocab, d), a conv kernel or a stack of per-head
 matrices needs no special case. Batch axes hold independent matrices: their norm is the max over the
-stack and the dual norm the sum, as for the block norm (GEOMETRY.md, last note of the table).
+stack and the dual norm the sum, as for the block norm (docs/math.md §1.5).
 
 Each geometry has ``lmo(g)`` (the reference) and ``apply_lmo_(param, g, alpha)``, ``param += alpha *
 lmo(g)`` without the temporary, and both read as the table's formula; the numerics (powers, safe
@@ -269,7 +269,7 @@ SPECTRAL_SCALES = ("mean", "torch")
 class Spectral(Geometry):
     """``(2,mean)->(2,mean)`` (Muon): ``-s(m,n) U V^T`` for ``G = U S V^T``.
 
-    ``scale="mean"`` is GEOMETRY.md's ``s = sqrt(m/n)``; ``scale="torch"`` is torch.optim.Muon's
+    ``scale="mean"`` is docs/math.md §3.5's ``s = sqrt(m/n)``; ``scale="torch"`` is torch.optim.Muon's
     ``sqrt(max(1, m/n))``, which is the same construction for the norm ``||D||_{2->2} / s``. The polar
     factor comes from a Newton-Schulz iteration (torch.optim.Muon's defaults) or, as the reference,
     an exact SVD (``method="svd"``). ``dtype="auto"`` uses bfloat16 on GPUs and on CPUs with bfloat16

@@ -1,6 +1,6 @@
 """The numerics behind the geometries: ``phi_p`` and l_p norms along some axes, at any magnitude, sync-free.
 
-``phi_p(g) = sign(g) |g|^(p-1) / ||g||_p^(p-1)`` (GEOMETRY.md, Notation) is computed per row or per column
+``phi_p(g) = sign(g) |g|^(p-1) / ||g||_p^(p-1)`` (docs/math.md §1.1) is computed per row or per column
 of a tensor, with temporaries in an optional :class:`~moga.workspace.Workspace`. Powers of ``|g|`` under-
 or overflow long before ``g`` does (a float32 row of 1e-30s has ``|g|^2 = 0``; ``|g|^3`` overflows at
 7e12), and a reciprocal of a subnormal row maximum overflows. So ``phi_p`` divides each row by its maximum
@@ -139,7 +139,7 @@ def _peak_sign(g: torch.Tensor, dims: tuple[int, ...], reduce: Reduce | None = N
 
 
 def phi(g: torch.Tensor, p: float, dims: tuple[int, ...], reduce: Reduce | None = None) -> torch.Tensor:
-    """phi_p along ``dims``: the l_{p*} unit vector maximising <g, .> (GEOMETRY.md, Notation):
+    """phi_p along ``dims``: the l_{p*} unit vector maximising <g, .> (docs/math.md §1.1):
     ``sign(g) |g|^(p-1) / ||g||_p^(p-1)``. phi_1 = sign; phi_inf puts all mass on the largest |g_i|.
     Exact at every magnitude."""
     if p == 1:

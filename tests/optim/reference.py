@@ -1,4 +1,4 @@
-"""GEOMETRY.md's step written out with plain torch ops, one parameter at a time: the reference the
+"""docs/math.md §3.1's step written out with plain torch ops, one parameter at a time: the reference the
 optimizers' fused and foreach paths are tested against."""
 
 import torch

@@ -7,7 +7,7 @@ the same batch goes forward again and every layer with a weight matrix records
 - ``update``: the RMS of its update's effect on that output, ``rms(f(x; theta_t) - f(x; theta_{t-1}))``, the
   same input ``x`` through the layer before and after its own step;
 - ``norm``: the size of its weight step ``||W_t - W_{t-1}||`` in its own geometry (the optimizer's role plan;
-  MOGA's plan for torch's AdamW). A steepest-descent step has norm ``lr`` by construction (GEOMETRY.md).
+  MOGA's plan for torch's AdamW). A steepest-descent step has norm ``lr`` by construction (docs/math.md §1.4).
 
 A learning rate transfers across width when these do not depend on it: the slope of ``log value`` against
 ``log width`` is about 0 (flat). The verdict calls a layer flat when ``|slope| <= tolerance`` at every step

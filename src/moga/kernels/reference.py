@@ -1,7 +1,7 @@
 """The one-pass step in plain torch: the readable reference of ``lmo_step.cpp``, and the CUDA kernel
 when compiled with ``torch.compile``. It runs on any device.
 
-A tensor is viewed as (B, K, N) and normalized along K (GEOMETRY.md, phi_p), for each of its
+A tensor is viewed as (B, K, N) and normalized along K (docs/math.md §1.1, phi_p), for each of its
 B x N rows or columns:
 
     m <- lerp(m, g, 1 - momentum)                      (the EMA; skipped without momentum)

@@ -2,7 +2,7 @@
 
 A group's ``update`` is ``"lmo"`` (steepest descent: ``D* = lmo(G)`` on the momentum EMA ``G``) or
 ``"adam"`` (Adam's ``m_hat / (sqrt(v_hat) + eps)`` in place of ``sign(G)`` in a sign geometry, with
-that geometry's factor). Every step is ``W <- (1 - lr*wd) W + lr * D*`` (GEOMETRY.md).
+that geometry's factor). Every step is ``W <- (1 - lr*wd) W + lr * D*`` (docs/math.md §1.4, §3.1).
 
 Each group's geometry is parsed once, when the group is added (and again when a state dict is loaded),
 into a :class:`~moga.geometry.Geometry` and the layout of each parameter; ``step`` uses those. The group

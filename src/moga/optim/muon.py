@@ -1,4 +1,4 @@
-"""Muon as steepest descent in the (2,mean)->(2,mean) geometry (GEOMETRY.md, spectral row)."""
+"""Muon as steepest descent in the (2,mean)->(2,mean) geometry (docs/math.md §2.4, §3.4)."""
 
 from __future__ import annotations
 

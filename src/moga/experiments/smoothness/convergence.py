@@ -4,7 +4,7 @@ Both train with the engine (:func:`moga.train.run`), one run directory per run u
 call reuses finished runs. Budgets are CPU-sized: the paper trains 100 epochs (shared-weights nets) and 1000
 (the long ``L = 2`` run); the defaults here are a few epochs, stated in every summary.
 
-Convergence paper (GEOMETRY.md, "Generalized smoothness"):
+Convergence paper (docs/math.md §6):
 
 - adaptive vs constant learning rate: bias-free GELU feedforward nets, width 512, ``L = 4`` layers, batch 512,
   cross-entropy, plain gradient descent; the constant rates span the lr-range test's fastest-descent range
