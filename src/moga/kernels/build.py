@@ -8,13 +8,14 @@ released by the kernel when its holder dies, so a killed build never blocks the 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from moga.filelock import exclusive_lock
 
 SOURCE = Path(__file__).with_name("lmo_step.cpp")
 
@@ -46,16 +47,11 @@ def build_directory(name: str) -> Path:
 
 @contextmanager
 def _build_lock(directory: Path):
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "moga-build.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            # torch's own FileBaton ('lock') stays behind when a build is killed, and would then make
-            # every later build wait forever; nobody else can hold it while we hold the flock.
-            (directory / "lock").unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive_lock(directory / "moga-build.lock"):
+        # torch's own FileBaton ('lock') stays behind when a build is killed, and would then make
+        # every later build wait forever; nobody else can hold it while we hold the flock.
+        (directory / "lock").unlink(missing_ok=True)
+        yield
 
 
 def load_extension(verbose: bool = False):

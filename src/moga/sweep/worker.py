@@ -14,16 +14,15 @@ SIGINT, so Ctrl-C on the terminal's process group reaches them once, as the pare
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import signal
 import threading
 import time
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 
 from moga.sweep.spec import Sweep, SweepSpec
+from moga.filelock import exclusive_lock
 from moga.status import DONE, Status
 from moga.sweep.store import SweepStore, new_owner
 
@@ -68,16 +67,9 @@ def load_sweep(store: SweepStore) -> Sweep:
     return Sweep(SweepSpec.model_validate(definition["spec"]), definition["base"])
 
 
-@contextmanager
 def run_dir_lock(run_dir: Path):
     """Block until this process holds the run directory; the OS drops the lock when the process dies."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return exclusive_lock(run_dir / ".lock")
 
 
 class Heartbeat(threading.Thread):
