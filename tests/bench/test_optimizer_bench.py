@@ -48,3 +48,12 @@ def test_ratios_are_relative_to_fused_adamw():
     records = add_ratios([{"name": "torch-adamw-fused", "ms": 2.0, "state_bytes": 8},
                           {"name": "moga-row-p2", "ms": 3.0, "state_bytes": 4}])
     assert records[1]["ms_vs_adamw_fused"] == 1.5 and records[1]["state_vs_adamw"] == 0.5
+
+
+def test_ratio_is_taken_within_rounds():
+    # the machine halves its speed after round 2: per-round ratios stay 1.5, the medians' ratio does not
+    base = [2.0, 2.0, 4.0, 4.0, 4.0]
+    ours = [3.0, 3.0, 6.0, 2.0, 6.0]
+    records = add_ratios([{"name": "torch-adamw-fused", "ms": 4.0, "ms_rounds": base, "state_bytes": 8},
+                          {"name": "moga-row-p2", "ms": 3.0, "ms_rounds": ours, "state_bytes": 4}])
+    assert records[1]["ms_vs_adamw_fused"] == 1.5
