@@ -173,3 +173,16 @@ def test_a_saved_config_builds_the_same_task(tmp_path):
     again = load_config(saved)
     assert again.to_dict() == cfg.to_dict()
     assert len(build_task(again).data.train) == len(build_task(cfg).data.train)
+
+
+def test_fused_is_torchs_own_switch_and_leaves_old_hashes_alone():
+    import torch
+
+    from moga.train.build import build_model, build_optimizer
+
+    cfg = build_config(tiny(optim={"name": "adamw", "fused": True}))
+    opt = build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
+    assert build_config(tiny(optim={"name": "adamw", "fused": None})).hash() == build_config(tiny(optim={"name": "adamw"})).hash()
+    with pytest.raises(ConfigError, match="fused does not apply to optimizer moga"):
+        build_config(tiny(optim={"name": "moga", "fused": True}))

@@ -140,6 +140,8 @@ class OptimConfig(_Section):
     nesterov: bool | None = Field(None, description="moga, muon, sgd")
     betas: tuple[float, float] | None = Field(None, description="Adam betas (moga/muon vectors, adamw)")
     eps: float | None = Field(None, gt=0, description="Adam eps")
+    fused: bool | None = Field(None, description="adamw, sgd: torch's fused kernel (unset: torch's default, on the "
+                               "CPU its per-tensor loop)")
     p: float | None = Field(None, ge=1, description="moga: the row geometry's p")
     embedding_q: float | None = Field(None, ge=1, description="moga, muon: the embedding geometry's q")
     vectors: Literal["adamw", "sign"] | None = Field(None, description="moga, muon: update of biases and gains")
@@ -321,7 +323,8 @@ class RunConfig(_Section):
 # Keys that do not change what a run computes: a run may resume with other values for them.
 UNHASHED = ("name", "logging", "checkpoint")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
-LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None},
+LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None,
+                        "fused": None},
               "train": {"parallel": "auto", "precision": "fp32", "divergence_factor": 10.0}}
 
 
