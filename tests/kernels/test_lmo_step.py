@@ -251,3 +251,15 @@ def test_auto_falls_back_when_the_compiler_fails(tmp_path):
     env = {**os.environ, "CXX": "false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", FALLBACK], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "fallback ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_builds_are_keyed_by_source_not_path(built):
+    from moga.kernels.build import SOURCE, build_directory, capability, source_tag
+
+    code = SOURCE.read_bytes()
+    assert source_tag("k", code) == source_tag("k", bytes(code))  # another checkout's copy: the same build
+    assert source_tag("k", code) != source_tag("k", code + b"\n")  # an edited source: its own build
+    # the loaded library was compiled from the copy inside its own directory, not from the checkout
+    directory = build_directory(source_tag(f"moga_kernels_{capability().lower()}", code))
+    assert (directory / SOURCE.name).read_bytes() == code and "build.ninja" in os.listdir(directory)
+    assert str(SOURCE.parent) not in (directory / "build.ninja").read_text()

@@ -1,13 +1,17 @@
 """JIT build of the C++ kernel (torch.utils.cpp_extension + ninja) on first use, cached on disk.
 
-The build directory is per torch version, Python version and CPU capability, under
-``TORCH_EXTENSIONS_DIR`` (default: torch's user cache). An ``flock`` around the build lets parallel
-pytest or sweep workers share one build: the first builds, the others wait and load it. A lock is
-released by the kernel when its holder dies, so a killed build never blocks the next one.
+The build directory is per torch version, Python version, CPU capability and source hash, under
+``TORCH_EXTENSIONS_DIR`` (default: torch's user cache), and the source is compiled from a copy inside it:
+two checkouts of the same source share one build, and different sources never rebuild each other's (the
+build files name the source by its path, so compiling each checkout's own file would rebuild whenever
+another checkout had built last). An ``flock`` around the build lets parallel pytest or sweep workers
+share one build: the first builds, the others wait and load it. A lock is released by the kernel when its
+holder dies, so a killed build never blocks the next one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from contextlib import contextmanager
@@ -45,6 +49,11 @@ def build_directory(name: str) -> Path:
     return Path(root) / name
 
 
+def source_tag(name: str, code: bytes) -> str:
+    """The build's directory name: the library's name and the hash of its source (not its path)."""
+    return f"{name}_{hashlib.sha256(code).hexdigest()[:12]}"
+
+
 @contextmanager
 def _build_lock(directory: Path):
     with exclusive_lock(directory / "moga-build.lock"):
@@ -62,12 +71,16 @@ def load_extension(verbose: bool = False):
         from torch.utils import cpp_extension
 
         cap = capability()
+        code = SOURCE.read_bytes()
         name = f"moga_kernels_{cap.lower()}"
-        directory = build_directory(name)
+        directory = build_directory(source_tag(name, code))
         flags = ["-O3", "-fopenmp", "-DCPU_CAPABILITY=DEFAULT"] if cap == "DEFAULT" else ["-O3", "-fopenmp", *_CAPABILITY_FLAGS[cap]]
         with _build_lock(directory):
+            source = directory / SOURCE.name
+            if not source.is_file() or source.read_bytes() != code:
+                source.write_bytes(code)
             cpp_extension.load(
-                name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                 build_directory=str(directory), verbose=verbose, is_python_module=False,
             )
         _module = torch.ops.moga_kernels
