@@ -57,3 +57,13 @@ def test_ratio_is_taken_within_rounds():
     records = add_ratios([{"name": "torch-adamw-fused", "ms": 4.0, "ms_rounds": base, "state_bytes": 8},
                           {"name": "moga-row-p2", "ms": 3.0, "ms_rounds": ours, "state_bytes": 4}])
     assert records[1]["ms_vs_adamw_fused"] == 1.5
+
+
+def test_device_is_recorded_and_a_missing_one_is_a_clear_error():
+    args = ["bench", "optimizer", "--blocks", "1", "--repeats", "1", "--warmup", "0", "--only", "moga-sign", "--json"]
+    result = CliRunner().invoke(app, [*args, "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)[0]["device"] == "cpu"
+    if not torch.cuda.is_available():
+        result = CliRunner().invoke(app, [*args, "--device", "cuda"])
+        assert result.exit_code != 0 and "not available here" in result.output

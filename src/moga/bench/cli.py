@@ -16,12 +16,13 @@ def optimizer(
     warmup: int = typer.Option(1, min=0, help="Untimed steps first (state allocation)."),
     only: list[str] = typer.Option(None, "--only", help="Optimizer names to run (default: all)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of records instead of a table."),
+    device: str = typer.Option("cpu", help="Where the parameters live: cpu, cuda, cuda:1, ..."),
 ) -> None:
     """Time one optimizer step: torch AdamW (foreach, fused), torch Muon and every moga geometry."""
     from moga.bench.optimizer import add_ratios, bench_optimizers
 
     try:
-        records = add_ratios(bench_optimizers(blocks, repeats, warmup, names=only or None))
+        records = add_ratios(bench_optimizers(blocks, repeats, warmup, names=only or None, device=device))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if as_json:
@@ -30,7 +31,8 @@ def optimizer(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"one step, {records[0]['params']:,} parameters, {records[0]['threads']} threads")
+    table = Table(title=f"one step, {records[0]['params']:,} parameters, {records[0]['device']}, "
+                        f"{records[0]['threads']} CPU threads")
     for col in ("optimizer", "kernel", "median ms", "min ms", "x adamw-fused", "state MB", "state x adamw"):
         table.add_column(col, justify="right" if col != "optimizer" else "left", no_wrap=col in ("optimizer", "kernel"))
     for r in records:

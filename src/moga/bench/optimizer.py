@@ -52,27 +52,34 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
 
 
 def bench_optimizers(
-    blocks: int = 2, repeats: int = 7, warmup: int = 1, names: list[str] | None = None, seed: int = 0
+    blocks: int = 2, repeats: int = 7, warmup: int = 1, names: list[str] | None = None, seed: int = 0,
+    device: str = "cpu",
 ) -> list[dict]:
     names = names or list(OPTIMIZERS)
     unknown = set(names) - set(OPTIMIZERS)
     if unknown:
         raise ValueError(f"unknown optimizer(s) {sorted(unknown)}; known: {', '.join(OPTIMIZERS)}")
+    dev = torch.device(device)
+    if dev.type != "cpu" and not getattr(torch, dev.type).is_available():
+        raise ValueError(f"device {device!r} is not available here")
+    sync = getattr(torch, dev.type).synchronize if dev.type != "cpu" else (lambda: None)
     gen = torch.Generator().manual_seed(seed)
     shapes = GPT2_SMALL_BLOCK * blocks
     # Each optimizer gets its own parameters (so no step feeds another's), with the same fixed gradients.
-    grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
+    grads = [(torch.randn(s, generator=gen) * 1e-3).to(dev) for s in shapes]
     opts = {}
     for name in names:
-        params = [torch.nn.Parameter(torch.randn(s, generator=gen) * 0.02) for s in shapes]
+        params = [torch.nn.Parameter((torch.randn(s, generator=gen) * 0.02).to(dev)) for s in shapes]
         for p, g in zip(params, grads):
             p.grad = g
         opts[name] = OPTIMIZERS[name](params)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(warmup + repeats):
         for name, opt in opts.items():  # take turns, so noise is shared
+            sync()
             start = time.perf_counter()
             opt.step()
+            sync()  # a GPU step is done when its kernels are
             elapsed = time.perf_counter() - start
             if r >= warmup:
                 times[name].append(elapsed * 1e3)
@@ -89,6 +96,7 @@ def bench_optimizers(
             "blocks": blocks,
             "repeats": repeats,
             "threads": torch.get_num_threads(),
+            "device": str(dev),
         }
         for name in names
     ]
