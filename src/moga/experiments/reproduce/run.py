@@ -29,6 +29,7 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
     """Run (or resume) ``rep`` at ``scale`` in ``out``, write its report and outcome.json; return the outcome."""
     out = Path(out)
     started = time.time()
+    earlier = _earlier_seconds(out / "outcome.json")  # a resumed or extended run adds to the time already spent
     if rep.kind == "convergence":
         outcome = _convergence(rep, out, scale, data, progress)
     else:
@@ -45,9 +46,16 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
     outcome.update(name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
                    command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
                                                                       " --scale paper" if scale == "paper" else ""),
-                   seconds=round(time.time() - started, 1), max_regret=max_regret)
+                   seconds=round(earlier + time.time() - started, 1), max_regret=max_regret)
     (out / "outcome.json").write_text(json.dumps(_finite(outcome), indent=1) + "\n")
     return outcome
+
+
+def _earlier_seconds(path: Path) -> float:
+    try:
+        return float(json.loads(path.read_text()).get("seconds", 0.0))
+    except (OSError, ValueError, AttributeError):  # none yet, or unreadable: start the count afresh
+        return 0.0
 
 
 # --- the claim over the panels -----------------------------------------------------------------------------
