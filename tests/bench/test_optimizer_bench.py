@@ -67,3 +67,26 @@ def test_device_is_recorded_and_a_missing_one_is_a_clear_error():
     if not torch.cuda.is_available():
         result = CliRunner().invoke(app, [*args, "--device", "cuda"])
         assert result.exit_code != 0 and "not available here" in result.output
+
+
+def test_the_kernel_only_record_is_mogas_row_step():
+    """moga-row-p2-kernel times the same update as MOGA row(p=2) without checks: equal results."""
+    from moga.kernels import fused_available
+
+    if not fused_available("auto", torch.device("cpu")):
+        pytest.skip("the C++ kernel does not build here")
+    gen = torch.Generator().manual_seed(1)
+    shapes = ((12, 8), (8, 12), (1, 5))
+    grads = [torch.randn(s, generator=gen) for s in shapes]
+    start = [torch.randn(s, generator=gen) for s in shapes]
+    runs = []
+    for name in ("moga-row-p2-kernel", "moga-row-p2-nocheck"):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = OPTIMIZERS[name](params)
+        for _ in range(3):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            opt.step()
+        runs.append([p.detach() for p in params])
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
