@@ -39,7 +39,8 @@ AXES = {
 
 def write_sweep(tmp_path: Path, axes=AXES, **extra) -> Path:
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"base": BASE, "axes": axes, "scale_key": "model.depth", **extra}))
+    # in the order given, as a hand-written config has it (the store keeps its copy with sorted keys)
+    path.write_text(yaml.safe_dump({"base": BASE, "axes": axes, "scale_key": "model.depth", **extra}, sort_keys=False))
     return path
 
 

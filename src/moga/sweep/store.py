@@ -100,8 +100,8 @@ def incompatible(stored: dict, sweep: Sweep) -> str | None:
     for key in sorted(set(old) | set(new)):
         if key not in EXTENSIBLE and key != "base" and old.get(key) != new.get(key):
             return f"its {key} changed"
-    if list(old["axes"]) != list(new["axes"]):
-        return f"its axes changed from {list(old['axes'])} to {list(new['axes'])}"
+    if set(old["axes"]) != set(new["axes"]):  # as sets: the stored copy has its keys sorted
+        return f"its axes changed from {sorted(old['axes'])} to {sorted(new['axes'])}"
     for key, values in new["axes"].items():
         was = old["axes"][key]
         if isinstance(was, dict) and isinstance(values, dict) and "by" in was and was.get("by") != values.get("by"):
