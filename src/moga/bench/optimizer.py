@@ -15,35 +15,34 @@ from collections.abc import Callable
 
 import torch
 
-from moga.kernels import fused_available
+from moga.geometry import parse_geometry
+from moga.kernels import fused_available, fused_lmo_step_
+from moga.layout import resolve_layout
 from moga.optim import MOGA, Muon, ScaledAdamW
 
 GPT2_SMALL_BLOCK = [(768, 768)] * 4 + [(3072, 768), (768, 3072)]
 
 class KernelOnly(torch.optim.Optimizer):
-    """moga's fused row(p=2) kernel called directly on every matrix, with momentum and no optimizer logic
-    around it (no checks, no schedule, no custom-op layer): what MOGA's step adds is the difference to
-    moga-row-p2-nocheck."""
+    """moga's fused row(p=2) step (:func:`moga.kernels.fused_lmo_step_`) called directly on every matrix,
+    with momentum and no optimizer logic around it (no checks, no schedule): what MOGA's step adds is the
+    difference to moga-row-p2-nocheck."""
 
     kernel = "cpp"
+    geometry = parse_geometry("row(p=2)")
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.9):
         super().__init__(params, {"lr": lr, "momentum": momentum})
 
     @torch.no_grad()
     def step(self, closure=None):
-        from moga.kernels.build import load_extension  # raises where no compiler builds it
-
         group = self.param_groups[0]
         ps = [p for g in self.param_groups for p in g["params"]]
         for p in ps:
             if "momentum_buffer" not in self.state[p]:
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
-        bufs = [self.state[p]["momentum_buffer"] for p in ps]
-        shapes = [n for p in ps for n in (p.shape[0], p[0].numel(), 1)]  # rows of a matrix: row(p) mode
-        scales = [-group["lr"] * p[0].numel() ** -0.5 for p in ps]  # row(2)'s fan_in^(-1/2)
-        load_extension().lmo_step(ps, [p.grad for p in ps], bufs, None, shapes, scales, 2.0, group["momentum"],
-                                  False, 1.0)
+        fused_lmo_step_(self.geometry, [resolve_layout(None, p) for p in ps], ps, [p.grad for p in ps],
+                        [self.state[p]["momentum_buffer"] for p in ps], group["lr"], group["momentum"],
+                        nesterov=False, weight_decay=0.0)
 
 
 OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {

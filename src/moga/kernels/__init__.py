@@ -148,13 +148,16 @@ def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
     return _op("found_nonfinite", tensors[0].device)(tensors) == 0
 
 
+_PUBLIC_OPS = {"lmo_step": "lmo_step_", "found_nonfinite": "found_nonfinite"}  # library op -> custom op
+
+
 def _op(name: str, device: torch.device):
     """The public custom op (``torch.ops.moga``) where torch.compile must see it; in eager on the CPU the
     library's own op, which skips the custom op's Python layers (about 0.1 ms a call)."""
-    from moga.kernels import ops
+    from moga.kernels import ops  # registers torch.ops.moga.* on first use, for callers of the public ops
 
     if device.type == "cpu" and not torch.compiler.is_compiling():
         from moga.kernels.build import load_extension
 
         return getattr(load_extension(), name)
-    return getattr(ops, name if name == "found_nonfinite" else name + "_")
+    return getattr(ops, _PUBLIC_OPS[name])

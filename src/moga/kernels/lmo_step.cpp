@@ -332,7 +332,7 @@ void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, co
       V unused(T(0));
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t off = (b * R + k) * N;
-        RowIn<S, T> gr(needs_g ? g + off : m + off, needs_g ? N : 0, 0);
+        RowIn<S, T> gr(g + off, needs_g ? N : 0, 0);  // neither converted nor read when not needed
         RowIn<S, T> mr(m ? m + off : g + off, N, 1);
         RowIn<S, T> wr(w + off, N, 2);
         T* wk = const_cast<T*>(wr.ptr);
