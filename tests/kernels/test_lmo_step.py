@@ -23,12 +23,14 @@ from moga.layout import resolve_layout
 from moga.optim import MOGA, GeometryOptimizer
 
 SPECS = ["row(p=2)", "row(p=1.5)", "row(p=2.5)", "row(p=3.2)", "col(q=2)", "col(q=3)", "sign", "embedding(q=2)"]
-SHAPES = [(7, 13), (1, 40), (40, 1), (33, 257), (3, 4, 5)]
+SHAPES = [(7, 13), (1, 40), (40, 1), (33, 257), (130, 9), (3, 4, 5)]  # (130, 9): column chunks 5, one unpaired
 TOL = {torch.float64: 1e-12, torch.float32: 1e-6}
 
 
 @pytest.fixture(scope="session")
 def built():
+    from moga.kernels import ops  # noqa: F401  (registers torch.ops.moga.*, whichever test runs first)
+
     return load_extension()
 
 
@@ -108,7 +110,7 @@ def test_zero_rows_and_extreme_magnitudes_are_exact(built, spec):
 @pytest.mark.parametrize("spec", ["row(p=2)", "row(p=2.5)", "col(q=2)", "sign"])
 def test_bfloat16_params_do_float32_math(built, spec):
     gen = torch.Generator().manual_seed(2)
-    w, g, m = (torch.randn(31, 77, generator=gen).bfloat16() for _ in range(3))
+    w, g, m = (torch.randn(97, 77, generator=gen).bfloat16() for _ in range(3))  # col: 4 chunks, sweeps paired
     kw, km = w.clone(), m.clone()
     torch.ops.moga.lmo_step_(*op_args(spec, kw, g, km, wd=0.1))
     rw, rm = w.clone(), m.clone()
@@ -135,6 +137,20 @@ def test_nonfinite_check_is_exact(built):
             tensors = [t.clone() for t in big]
             tensors[k].view(-1)[-1] = bad
             assert found(tensors).item() == 1
+
+
+def test_nonfinite_check_covers_every_position_across_tensors(built):
+    # One parallel region spans all the tensors end to end: thread ranges start and end inside tensors.
+    found = torch.ops.moga.found_nonfinite
+    sizes = [70001, 0, 3, 65536, 130000]
+    dtypes = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.float32]
+    clean = [torch.randn(n).to(dt) for n, dt in zip(sizes, dtypes)]
+    assert found(clean).item() == 0
+    for k, n in enumerate(sizes):
+        for at in sorted({0, n // 2, n - 1} if n else set()):
+            tensors = [t.clone() for t in clean]
+            tensors[k][at] = math.nan if at % 2 else math.inf
+            assert found(tensors).item() == 1, (k, at)
 
 
 def test_skip_policy_with_the_kernel(built):
