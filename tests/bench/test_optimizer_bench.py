@@ -59,6 +59,15 @@ def test_ratio_is_taken_within_rounds():
     assert records[1]["ms_vs_adamw_fused"] == 1.5
 
 
+def test_peer_ratios_for_the_targets_that_name_one():
+    records = add_ratios([{"name": "torch-muon", "ms": 8.0, "ms_rounds": [8.0, 16.0], "state_bytes": 4},
+                          {"name": "moga-muon", "ms": 3.0, "ms_rounds": [2.0, 4.0], "state_bytes": 4},
+                          {"name": "moga-row-p2", "ms": 3.0, "state_bytes": 4}])
+    assert records[1]["peer"] == "torch-muon" and records[1]["ms_vs_peer"] == 0.25
+    assert "peer" not in records[0] and "peer" not in records[2]  # no peer, or its peer did not run
+    assert "ms_vs_adamw_fused" not in records[1]  # fused AdamW did not run
+
+
 def test_device_is_recorded_and_a_missing_one_is_a_clear_error():
     args = ["bench", "optimizer", "--blocks", "1", "--repeats", "1", "--warmup", "0", "--only", "moga-sign", "--json"]
     result = CliRunner().invoke(app, [*args, "--device", "cpu"])

@@ -33,14 +33,14 @@ def optimizer(
 
     table = Table(title=f"one step, {records[0]['params']:,} parameters, {records[0]['device']}, "
                         f"{records[0]['threads']} CPU threads")
-    for col in ("optimizer", "kernel", "median ms", "min ms", "x adamw-fused", "state MB", "state x adamw"):
-        table.add_column(col, justify="right" if col != "optimizer" else "left", no_wrap=col in ("optimizer", "kernel"))
+    for col in ("optimizer", "kernel", "median ms", "min ms", "x adamw-fused", "x peer", "state MB", "state x adamw"):
+        table.add_column(col, justify="right" if col != "optimizer" else "left", no_wrap=col in ("optimizer", "kernel", "x peer"))
     for r in records:
         table.add_row(
             r["name"], r["kernel"], f"{r['ms']:.1f}", f"{r['ms_min']:.1f}", f"{r.get('ms_vs_adamw_fused', float('nan')):.2f}",
-            f"{r['state_bytes'] / 2**20:.1f}", f"{r.get('state_vs_adamw', float('nan')):.2f}",
+            f"{r['ms_vs_peer']:.2f} {r['peer']}" if "peer" in r else "", f"{r['state_bytes'] / 2**20:.1f}", f"{r.get('state_vs_adamw', float('nan')):.2f}",
         )
-    Console().print(table)
+    Console(width=max(Console().width, 132)).print(table)  # the peer column's names fit unwrapped
 
 
 @bench_app.command("distributed")

@@ -128,11 +128,25 @@ def bench_optimizers(
     ]
 
 
+# The record each one is judged against beside fused AdamW (the kernel issue's targets).
+PEERS = {"moga-muon": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
+         "moga-row-p2-nocheck": "moga-row-p2"}
+
+
+def _ratio(record: dict, base: dict) -> float:
+    """Median over rounds of the ratio within a round (side by side); the medians' ratio without rounds."""
+    within = [t / b for t, b in zip(record.get("ms_rounds", []), base.get("ms_rounds", []))]
+    return statistics.median(within) if within else record["ms"] / base["ms"]
+
+
 def add_ratios(records: list[dict], baseline: str = "torch-adamw-fused") -> list[dict]:
-    base = next((r for r in records if r["name"] == baseline), None)
+    by_name = {r["name"]: r for r in records}
+    base = by_name.get(baseline)
     for r in records:
         if base is not None:
-            within = [t / b for t, b in zip(r.get("ms_rounds", []), base.get("ms_rounds", []))]  # side by side
-            r["ms_vs_adamw_fused"] = statistics.median(within) if within else r["ms"] / base["ms"]
+            r["ms_vs_adamw_fused"] = _ratio(r, base)
             r["state_vs_adamw"] = r["state_bytes"] / max(base["state_bytes"], 1)
+        peer = by_name.get(PEERS.get(r["name"], ""))
+        if peer is not None:
+            r["peer"], r["ms_vs_peer"] = peer["name"], _ratio(r, peer)
     return records
