@@ -55,7 +55,9 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "moga-row-p1.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=1.5)"),
     "moga-row-p2.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2.5)"),
     "moga-col-q2": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)"),
+    "moga-col-q2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)", nonfinite="ignore"),
     "moga-sign": lambda ps: MOGA(ps, lr=1e-3, geometry="sign"),
+    "moga-sign-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="sign", nonfinite="ignore"),
     "moga-muon": lambda ps: Muon(ps, lr=1e-3),
     "moga-adamw-scaled": lambda ps: ScaledAdamW(ps, lr=1e-3),
 }
@@ -128,9 +130,10 @@ def bench_optimizers(
     ]
 
 
-# The record each one is judged against beside fused AdamW (the kernel issue's targets).
+# The record each one is judged against beside fused AdamW: the kernel issue's targets, and for the
+# nocheck records the same step with the non-finite check (their ratio is the check's cost).
 PEERS = {"moga-muon": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
-         "moga-row-p2-nocheck": "moga-row-p2"}
+         "moga-row-p2-nocheck": "moga-row-p2", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign"}
 
 
 def _ratio(record: dict, base: dict) -> float:
