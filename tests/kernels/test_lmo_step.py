@@ -23,7 +23,7 @@ from moga.layout import resolve_layout
 from moga.optim import MOGA, GeometryOptimizer
 
 SPECS = ["row(p=2)", "row(p=1.5)", "row(p=2.5)", "row(p=3.2)", "col(q=2)", "col(q=3)", "sign", "embedding(q=2)"]
-SHAPES = [(7, 13), (1, 40), (40, 1), (33, 257), (130, 9), (3, 4, 5)]  # (130, 9): column chunks 5, one unpaired
+SHAPES = [(7, 13), (1, 40), (40, 1), (33, 257), (130, 9), (3, 4, 5)]  # (130, 9): five column chunks, the last short
 TOL = {torch.float64: 1e-12, torch.float32: 1e-6}
 
 
@@ -110,7 +110,7 @@ def test_zero_rows_and_extreme_magnitudes_are_exact(built, spec):
 @pytest.mark.parametrize("spec", ["row(p=2)", "row(p=2.5)", "col(q=2)", "sign"])
 def test_bfloat16_params_do_float32_math(built, spec):
     gen = torch.Generator().manual_seed(2)
-    w, g, m = (torch.randn(97, 77, generator=gen).bfloat16() for _ in range(3))  # col: 4 chunks, sweeps paired
+    w, g, m = (torch.randn(97, 77, generator=gen).bfloat16() for _ in range(3))  # col: 4 chunks of partial sums
     kw, km = w.clone(), m.clone()
     torch.ops.moga.lmo_step_(*op_args(spec, kw, g, km, wd=0.1))
     rw, rm = w.clone(), m.clone()
