@@ -1,4 +1,5 @@
-"""`moga bench distributed`: the records and the communication targets, on small shapes (timings not asserted).
+"""`moga bench distributed`: the records, the communication targets and the step that ran, on small shapes
+(timings not asserted).
 Two blocks: each `fully_shard` call builds its own (equal) mesh, and the collectives must not multiply."""
 
 import json
@@ -12,7 +13,7 @@ from moga.cli import app
 def test_bytes_per_optimizer_meet_the_targets():
     result = CliRunner().invoke(app, ["bench", "distributed", "--blocks", "2", "--vocab", "64", "--width", "32", "--repeats", "1", "--json",
                                       "--only", "torch-adamw", "--only", "moga-row-p2", "--only", "moga-col-q2",
-                                      "--only", "moga-muon"])
+                                      "--only", "moga-muon", "--only", "moga-row-p2-torch"])
     assert result.exit_code == 0, result.output
     records = {r["name"]: r for r in json.loads(result.output)}
     assert records["torch-adamw"]["bytes_all_ranks"] == 0
@@ -24,6 +25,13 @@ def test_bytes_per_optimizer_meet_the_targets():
     muon = records["moga-muon"]
     assert muon["collectives"] == {"allreduce_": 1, "alltoall_base_": 2}
     assert muon["bytes_all_ranks"] == flag + 2 * muon["matrix_bytes"]  # each matrix out to its owner and back
+    # Which step ran on the local shards: the C++ kernel wherever no other rank's sums are needed (the
+    # token table under col and Muon), the plain path for col's and Muon's matrices and with kernel="torch".
+    assert records["torch-adamw"]["kernel"] == "torch.optim"
+    assert records["moga-row-p2"]["kernel"] == "cpp"
+    assert col["kernel"] == muon["kernel"] == f"cpp 1/{col['matrices'] + 1}"
+    assert records["moga-row-p2-torch"]["kernel"] == "torch"
+    assert records["moga-row-p2-torch"]["peer"] == "moga-row-p2" and records["moga-row-p2-torch"]["ms_vs_peer"] > 0
 
 
 def test_unknown_name_is_an_error():

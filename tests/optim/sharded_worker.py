@@ -16,7 +16,11 @@ from torch.distributed.tensor.placement_types import _StridedShard
 import moga.geometry
 from moga.bench.comm import CommLog
 from moga.models.gpt import GPT, GPTConfig
+from moga.geometry import parse_geometry
+from moga.kernels import FusedCalls, covers
+from moga.layout import as_layout
 from moga.optim import MOGA, Muon, ScaledAdamW
+from moga.optim.sharded import steps_locally
 from moga.roles import MATRIX_ROLES
 
 STEPS = 5
@@ -47,16 +51,17 @@ def batch(step: int):
     return idx, torch.roll(idx, -1, 1)
 
 
-def train(model, opt, logs=None):
+def train(model, opt, logs=None, kernel_logs=None):
     for step in range(STEPS):
         _, loss = model(*batch(step))
         loss.backward()
-        log = CommLog()
-        with log:
+        log, kernels = CommLog(), FusedCalls()
+        with log, kernels:
             opt.step()
         opt.zero_grad()
         if logs is not None:
             logs.append(log)
+            kernel_logs.append(kernels)
 
 
 def fsdp_case(name: str, mesh) -> dict:
@@ -67,8 +72,8 @@ def fsdp_case(name: str, mesh) -> dict:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = FSDP_CASES[name](model)
-    logs = []
-    train(model, opt, logs)
+    logs, kernel_logs = [], []
+    train(model, opt, logs, kernel_logs)
     diffs = {n: (p.full_tensor() - q).abs().max().item()
              for (n, p), q in zip(model.named_parameters(), ref.parameters())}
     worst = max(diffs, key=diffs.get)
@@ -77,15 +82,23 @@ def fsdp_case(name: str, mesh) -> dict:
         for p in model.parameters() for v in opt.state[p].values() if torch.is_tensor(v) and v.ndim
     )
     n_matrices = sum(1 for e in opt.plan if e.role in MATRIX_ROLES)
-    return {"diff": diffs[worst], "worst": worst, "diffs": {k: v for k, v in diffs.items() if v}, "state_sharded": state_ok, "calls": logs[-1].calls, "matrices": n_matrices,
+    geometries = [(e, parse_geometry(e.geometry)) for e in opt.plan if e.update == "lmo"]
+    local_steps = sum(1 for e, g in geometries if covers(g) and steps_locally(e.param, g, as_layout(e.layout)))
+    return {"kernel_calls": kernel_logs[-1].ops, "local_steps": local_steps, "diff": diffs[worst], "worst": worst, "diffs": {k: v for k, v in diffs.items() if v}, "state_sharded": state_ok, "calls": logs[-1].calls, "matrices": n_matrices,
             "matrix_bytes": sum(e.param.numel() * 4 for e in opt.plan if e.role in MATRIX_ROLES),
             "placements": sorted({str(p.placements) for p in model.parameters()})}
 
 
-def user_placement_case(geometry: str, placement, mesh) -> dict:
-    """One 12 x 10 matrix sharded as the user says, against the same step on the whole matrix."""
+def user_placement_case(geometry: str, placement, mesh, extreme: bool = False) -> dict:
+    """One 12 x 10 matrix sharded as the user says, against the same step on the whole matrix. ``extreme``
+    scales a row of each rank's gradient shard to 1e-30 and another to 1e25 (their norms squared under-
+    and overflow float32)."""
     gen = torch.Generator().manual_seed(0)
     w, grads = torch.randn(12, 10, generator=gen), [torch.randn(12, 10, generator=gen) for _ in range(STEPS)]
+    if extreme:
+        for g in grads:
+            g[[0, 6]] *= 1e-30
+            g[[1, 7]] *= 1e25
     ref = nn.Parameter(w.clone())
     sharded = nn.Parameter(distribute_tensor(w.clone(), mesh, [placement]))
     ref_opt = MOGA([ref], lr=0.1, geometry=geometry)
@@ -202,6 +215,7 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
     for geometry, placement in (("row(p=1.5)", Shard(1)), ("row(p=2)", Shard(1)), ("row(p=inf)", Shard(1)), ("col(q=2)", Shard(0)),
                                 ("col(q=3)", Shard(1)), ("sign", Shard(1)), ("spectral", Shard(1))):
         record(f"user/{geometry}/{placement!r}", lambda: user_placement_case(geometry, placement, mesh))
+    record("user-extreme/row(p=2)/Shard(dim=0)", lambda: user_placement_case("row(p=2)", Shard(0), mesh, extreme=True))
     record("ddp/muon", ddp_muon_case)
     record("ddp/gpt", ddp_gpt_case)
     record("nonfinite", lambda: nonfinite_case(mesh))

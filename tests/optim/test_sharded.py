@@ -52,6 +52,22 @@ def test_local_geometries_on_shard0_communicate_only_the_skip_flag(results, name
         assert r[f"fsdp/{name}"]["calls"] == [list(FLAG)]
 
 
+@pytest.mark.parametrize("name", list(FSDP_CASES))
+def test_local_shards_step_in_the_fused_kernel(results, name):
+    """Every tensor whose step needs no other rank (row, sign and embedding on Shard(0)) goes through the
+    C++ kernel on its local shard, after one check of all the local gradients; col on a row-sharded matrix
+    needs the other ranks' column sums and stays on the plain path."""
+    for r in case(results, f"fsdp/{name}"):
+        got = r[f"fsdp/{name}"]
+        steps = [n for op, n in got["kernel_calls"] if op == "moga_kernels::lmo_step"]
+        assert sum(steps) == got["local_steps"]
+        assert [op for op, _ in got["kernel_calls"]].count("moga_kernels::found_nonfinite") == 1
+        if name in ("row-p2", "row-p1.5", "embedding-q3"):
+            assert got["local_steps"] == got["matrices"] + 2  # and the two embedding tables
+        if name == "col-q2":
+            assert got["local_steps"] == 2  # the embedding tables only
+
+
 def test_col_all_reduces_one_vector_per_matrix(results):
     for r in case(results, "fsdp/col-q2"):
         got = r["fsdp/col-q2"]
@@ -92,6 +108,15 @@ def test_user_placements(results, key, reduces):
         partials = [c for c in got["calls"] if c != list(FLAG)]
         assert len(partials) == reduces and all(name == "allreduce_" for name, _ in partials)
         assert all(b == 12 * 4 if "row" in key else b == 10 * 4 for _, b in partials)  # one float per row/col
+
+
+def test_rows_at_float32_extremes_step_exactly_on_shards(results):
+    """Rows whose squared norms under- or overflow float32: the kernel steps them exactly on the local
+    shards, as on the whole matrix (the plain fast l2 path would give them a zero update)."""
+    key = "user-extreme/row(p=2)/Shard(dim=0)"
+    for r in case(results, key):
+        assert r[key]["diff"] <= TOL, r[key]["diff"]
+        assert r[key]["calls"] == [list(FLAG)]
 
 
 def test_spectral_on_shard1(results):

@@ -186,3 +186,13 @@ def test_fused_is_torchs_own_switch_and_leaves_old_hashes_alone():
     assert build_config(tiny(optim={"name": "adamw", "fused": None})).hash() == build_config(tiny(optim={"name": "adamw"})).hash()
     with pytest.raises(ConfigError, match="fused does not apply to optimizer moga"):
         build_config(tiny(optim={"name": "moga", "fused": True}))
+
+
+def test_offload_needs_fsdp_and_changes_no_hash():
+    with pytest.raises(ConfigError, match="train.offload=true .* needs train.parallel=fsdp"):
+        build_config(tiny(train={"steps": 2, "offload": True}))
+    fsdp = tiny(train={"steps": 2, "parallel": "fsdp"})
+    offloaded = tiny(train={"steps": 2, "parallel": "fsdp", "offload": True})
+    assert build_config(offloaded).hash() == build_config(fsdp).hash()
+    assert config_diff(build_config(fsdp), build_config(offloaded)) == []
+    assert config_diff(build_config(fsdp), build_config(offloaded), hashed_only=False) == ["train.offload: False -> True"]

@@ -69,10 +69,13 @@ def distributed(
     r0 = records[0]
     table = Table(title=f"one step, FSDP2 on {r0['world']} gloo ranks, {r0['params']:,} parameters "
                         f"({r0['matrices']} matrices, {r0['matrix_bytes'] / 2**20:.1f} MiB)")
-    for col in ("optimizer", "median ms", "collectives", "bytes, rank 0", "bytes, all ranks", "x matrix bytes"):
-        table.add_column(col, justify="left" if col in ("optimizer", "collectives") else "right")
+    for col in ("optimizer", "kernel", "median ms", "x adamw-fused", "x peer", "collectives", "bytes, rank 0",
+                "bytes, all ranks", "x matrix bytes"):
+        table.add_column(col, justify="left" if col in ("optimizer", "collectives") else "right",
+                         no_wrap=col in ("optimizer", "kernel", "x peer"))
     for r in records:
         calls = ", ".join(f"{n} {k}" for n, k in sorted(r["collectives"].items())) or "none"
-        table.add_row(r["name"], f"{r['ms']:.1f}", calls, f"{r['bytes_rank0']:,}", f"{r['bytes_all_ranks']:,}",
-                      f"{r['bytes_all_ranks'] / r['matrix_bytes']:.3f}")
-    Console().print(table)
+        table.add_row(r["name"], r["kernel"], f"{r['ms']:.1f}", f"{r.get('ms_vs_adamw_fused', float('nan')):.2f}",
+                      f"{r['ms_vs_peer']:.2f} {r['peer']}" if "peer" in r else "", calls, f"{r['bytes_rank0']:,}",
+                      f"{r['bytes_all_ranks']:,}", f"{r['bytes_all_ranks'] / r['matrix_bytes']:.3f}")
+    Console(width=max(Console().width, 150)).print(table)

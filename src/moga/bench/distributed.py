@@ -2,9 +2,10 @@
 
 Runs ``world`` gloo processes on CPU. Each optimizer gets its own model: ``blocks`` GPT-2-small blocks of
 matrices (``width`` 768: four ``768x768``, ``3072x768``, ``768x3072``) and a ``vocab x width`` token table, every tensor
-``fully_shard``-ed (``Shard(0)``), with fixed random gradients. Per optimizer: the median step time (the
-slowest rank's), and from :class:`moga.bench.comm.CommLog` around one ``step()`` the collectives it issues and
-the bytes each rank hands to them.
+``fully_shard``-ed (``Shard(0)``), with fixed random gradients. The optimizers take turns step by step; per
+optimizer: the median step time (the slowest rank's), its ratio to torch's fused AdamW and to its peer
+(within rounds, as in :mod:`moga.bench.optimizer`), and from :class:`moga.bench.comm.CommLog` around one
+``step()`` the collectives it issues and the bytes each rank hands to them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from moga.bench.comm import CommLog
+from moga.bench.optimizer import add_ratios, kernel_path
 from moga.optim import MOGA, Muon, ScaledAdamW
 
 GPT2_SMALL_WIDTH = 768
@@ -40,7 +42,9 @@ def _groups(model: nn.Module, geometry: str | None, table: str, update: str = "l
 
 OPTIMIZERS = {
     "torch-adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True),
+    "torch-adamw-fused": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True),
     "moga-row-p2": lambda m: MOGA(_groups(m, "row(p=2)", "embedding(q=2)"), lr=1e-3),
+    "moga-row-p2-torch": lambda m: MOGA(_groups(m, "row(p=2)", "embedding(q=2)"), lr=1e-3, kernel="torch"),
     "moga-row-p1.5": lambda m: MOGA(_groups(m, "row(p=1.5)", "embedding(q=2)"), lr=1e-3),
     "moga-col-q2": lambda m: MOGA(_groups(m, "col(q=2)", "embedding(q=2)"), lr=1e-3),
     "moga-sign": lambda m: MOGA(_groups(m, "sign", "embedding(q=2)"), lr=1e-3),
@@ -57,35 +61,40 @@ def _model(blocks: int, vocab: int, width: int) -> nn.Module:
     return model
 
 
-def _worker(rank: int, world: int, init_file: str, out: str, blocks: int, vocab: int, width: int,
-            repeats: int, names: list[str]) -> None:
+def _sharded_setup(name: str, rank: int, blocks: int, vocab: int, width: int):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
+    torch.manual_seed(0)
+    model = _model(blocks, vocab, width)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    gen = torch.Generator().manual_seed(rank)
+    for p in model.parameters():
+        g = torch.randn(p.to_local().shape, generator=gen) * 1e-3
+        p.grad = DTensor.from_local(g, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+    opt = OPTIMIZERS[name](model)
+    opt.step()  # state allocation
+    return model, opt
+
+
+def _worker(rank: int, world: int, init_file: str, out: str, blocks: int, vocab: int, width: int,
+            repeats: int, names: list[str]) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    records = []
-    for name in names:
-        torch.manual_seed(0)
-        model = _model(blocks, vocab, width)
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-        gen = torch.Generator().manual_seed(rank)
-        for p in model.parameters():
-            g = torch.randn(p.to_local().shape, generator=gen) * 1e-3
-            p.grad = DTensor.from_local(g, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                                        stride=p.stride())
-        opt = OPTIMIZERS[name](model)
-        opt.step()  # state allocation
-        times = []
-        for _ in range(repeats):
+    setups = {name: _sharded_setup(name, rank, blocks, vocab, width) for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(repeats):
+        for name, (_, opt) in setups.items():  # take turns, so noise is shared
             dist.barrier()
             start = time.perf_counter()
             opt.step()
             elapsed = torch.tensor([time.perf_counter() - start])
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step ends when the slowest rank's does
-            times.append(elapsed.item())
+            times[name].append(1e3 * elapsed.item())
+    records = []
+    for name, (model, opt) in setups.items():
         log = CommLog()
         with log:
             opt.step()
@@ -93,16 +102,15 @@ def _worker(rank: int, world: int, init_file: str, out: str, blocks: int, vocab:
         dist.all_reduce(sent)
         matrices = [p for n, p in model.named_parameters() if n != "wte.weight"]
         records.append({
-            "name": name, "ms": 1e3 * statistics.median(times), "ms_min": 1e3 * min(times),
-            "collectives": log.counts(), "bytes_rank0": log.bytes if rank == 0 else None,
+            "name": name, "ms": statistics.median(times[name]), "ms_min": min(times[name]), "ms_rounds": times[name],
+            "kernel": kernel_path(opt), "collectives": log.counts(), "bytes_rank0": log.bytes if rank == 0 else None,
             "bytes_all_ranks": int(sent.item()), "matrices": len(matrices),
             "matrix_bytes": sum(p.numel() * p.element_size() for p in matrices),
             "fan_in_floats": sum(p.shape[1] for p in matrices),
             "params": sum(p.numel() for p in model.parameters()), "world": world,
         })
-        del opt, model
     if rank == 0:
-        Path(out).write_text(json.dumps(records))
+        Path(out).write_text(json.dumps(add_ratios(records)))
     dist.barrier()  # no rank closes its connections while another still uses them (gloo aborts on that)
     dist.destroy_process_group()
 

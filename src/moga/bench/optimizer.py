@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from moga.geometry import parse_geometry
-from moga.kernels import fused_available, fused_lmo_step_
+from moga.kernels import FusedCalls, fused_lmo_step_
 from moga.layout import resolve_layout
 from moga.optim import MOGA, Muon, ScaledAdamW
 
@@ -64,12 +64,17 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
 
 
 def kernel_path(opt: torch.optim.Optimizer) -> str:
-    """Which step ran: "cpp" (moga's fused C++ kernel), "torch" (moga's plain path) or "torch.optim"."""
-    kernel = getattr(opt, "kernel", None)
-    if kernel is None:
+    """Which step ran, seen in one more step: "cpp" (moga's fused C++ kernel) or "compiled" (its CUDA
+    step) for every tensor, "torch" (moga's plain path) for none, "cpp 3/7" for some; "torch.optim"."""
+    if getattr(opt, "kernel", None) is None:
         return "torch.optim"
-    params = [p for g in opt.param_groups for p in g["params"]]
-    return "cpp" if params and fused_available(kernel, params[0].device) else "torch"
+    total = sum(1 for g in opt.param_groups for p in g["params"] if p.grad is not None)
+    with FusedCalls() as calls:
+        opt.step()
+    if not calls.stepped:
+        return "torch"
+    label = "cpp" if any(name.startswith("moga_kernels::") for name, _ in calls.ops) else "compiled"
+    return label if calls.stepped == total else f"{label} {calls.stepped}/{total}"
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> int:
@@ -130,10 +135,12 @@ def bench_optimizers(
     ]
 
 
-# The record each one is judged against beside fused AdamW: the kernel issue's targets, and for the
-# nocheck records the same step with the non-finite check (their ratio is the check's cost).
+# The record each one is judged against beside fused AdamW: the kernel issue's targets, for the nocheck
+# records the same step with the non-finite check (their ratio is the check's cost), and for the plain
+# path (kernel="torch") the fused kernel.
 PEERS = {"moga-muon": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
-         "moga-row-p2-nocheck": "moga-row-p2", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign"}
+         "moga-row-p2-nocheck": "moga-row-p2", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign",
+         "moga-row-p2-torch": "moga-row-p2"}
 
 
 def _ratio(record: dict, base: dict) -> float:

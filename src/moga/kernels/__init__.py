@@ -12,6 +12,7 @@ import math
 import warnings
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from moga.geometry import Col, Geometry, Row, Sign
 from moga.layout import Layout
@@ -149,6 +150,26 @@ def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 _PUBLIC_OPS = {"lmo_step": "lmo_step_", "found_nonfinite": "found_nonfinite"}  # library op -> custom op
+
+
+class FusedCalls(TorchDispatchMode):
+    """``with FusedCalls() as calls: opt.step()``; then ``calls.ops`` lists the fused kernel's ops called,
+    as ``(name, tensors)``, and ``calls.stepped`` counts the tensors the kernel stepped. Sees the C++ library
+    and the public custom ops alike (what ran, not what was meant to)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._overloadpacket._qualified_op_name
+        if name.startswith(("moga_kernels::", "moga::")):
+            self.ops.append((name, len(args[0])))
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def stepped(self) -> int:
+        return sum(n for name, n in self.ops if name.endswith(("::lmo_step", "::lmo_step_")))
 
 
 def _op(name: str, device: torch.device):

@@ -149,9 +149,9 @@ class GeometryOptimizer(Optimizer):
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
         # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
-        # DTensor shards always take the plain path, so FSDP2 workers never build it.
-        for device in {p.device for plan, group in zip(self._plans, self.param_groups) if group["update"] == "lmo"
-                       and covers(plan.geometry) for p in group["params"] if not isinstance(p, DTensor)}:
+        for device in {local(p).device for plan, group in zip(self._plans, self.param_groups)
+                       if group["update"] == "lmo" and covers(plan.geometry) for p in group["params"]
+                       if sharded.steps_locally(p, plan.geometry, plan.layout(p))}:
             fused_available(self.kernel, device)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -213,11 +213,12 @@ class GeometryOptimizer(Optimizer):
         """Steps what it can; returns the steps that need whole matrices from other ranks, and leaves
         rounding master copies into ``rounding`` (done after those)."""
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        if any(not isinstance(p, DTensor) for p in params) and fused_available(self.kernel, params[0].device):
-            params = self._fused_lmo_step(plan, group, params, ok)  # plain tensors only: DTensors stay here
+        if (covers(plan.geometry) and any(sharded.steps_locally(p, plan.geometry, plan.layout(p)) for p in params)
+                and fused_available(self.kernel, local(params[0]).device)):
+            params = self._fused_lmo_step(plan, group, params, ok)
             if not params:
                 return []
-        # DTensor parameters (FSDP2) step on their local shards: moga.optim.sharded.
+        # What is left, DTensor shards whose step needs partial sums of other ranks included: moga.optim.sharded.
         targets = self._targets(params)
         rounding.append((params, targets))
         targets = [local(t) for t in targets]
@@ -252,18 +253,23 @@ class GeometryOptimizer(Optimizer):
         return whole
 
     def _fused_lmo_step(self, plan: GroupPlan, group, params, ok) -> list[torch.Tensor]:
-        """The fused kernel on the parameters it covers (a skipped step, ``ok`` False, leaves them
-        untouched inside the kernel, without a host read); returns the parameters left to the plain path."""
+        """The fused kernel on the parameters it covers, plain tensors and the local shards of DTensors
+        that step locally (a skipped step, ``ok`` False, leaves them untouched inside the kernel, without a
+        host read); returns the parameters left to the plain path."""
         lr, momentum = group["lr"], group["momentum"]
-        mastered = [p for p in params if self.master_weights and _low_precision(p)]
-        mine = [p for p in params if not (self.master_weights and _low_precision(p))]
+        mine, others = [], []
+        for p in params:
+            takes = (not (self.master_weights and _low_precision(p))
+                     and sharded.steps_locally(p, plan.geometry, plan.layout(p)))
+            (mine if takes else others).append(p)
         if not mine:
             return params
-        bufs = [self._buffer(p, "momentum_buffer") for p in mine] if momentum > 0 else None
+        bufs = [local(self._buffer(p, "momentum_buffer")) for p in mine] if momentum > 0 else None
         found_inf = None if ok is None else (~ok).to(torch.float32)
-        rest = fused_lmo_step_(plan.geometry, [plan.layout(p) for p in mine], mine, [p.grad for p in mine], bufs, lr,
-                               momentum, group["nesterov"], group["weight_decay"], found_inf)
-        return mastered + [mine[k] for k in rest]
+        layouts = [sharded.global_layout(p, plan.layout(p)) for p in mine]  # factors from the global shape
+        rest = fused_lmo_step_(plan.geometry, layouts, [local(p) for p in mine], [local(p.grad) for p in mine], bufs,
+                               lr, momentum, group["nesterov"], group["weight_decay"], found_inf)
+        return others + [mine[k] for k in rest]
 
     def _batched_spectral_step(self, plan: GroupPlan, group, targets, params, grads, directions, alpha, ok):
         """Same-shape matrices go through one batched Newton-Schulz (bmm) call: a transformer's identical
@@ -400,9 +406,10 @@ class GeometryOptimizer(Optimizer):
             return None
         grads = [p.grad for *_, params in work for p in params]
         device = local(grads[0]).device
-        plain = all(type(g) is torch.Tensor for g in grads)
-        if plain and self.kernel != "torch" and fused_ready(device) and all(g.dtype in KERNEL_DTYPES for g in grads):
-            ok = all_finite(grads)  # one exact read-only pass in C++ (x * 0 is NaN only for NaN and inf)
+        shards = [local(g) for g in grads]
+        plain = all(type(g) is torch.Tensor for g in shards)
+        if plain and self.kernel != "torch" and fused_ready(device) and all(g.dtype in KERNEL_DTYPES for g in shards):
+            ok = all_finite(shards)  # one exact read-only pass in C++ (x * 0 is NaN only for NaN and inf)
         else:
             # min and max of each tensor: NaN and inf show up there, and nothing overflows on the way
             extremes = [torch.stack(torch.aminmax(local(g))).to(device=device, dtype=torch.float64)

@@ -4,7 +4,8 @@ Each geometry reduces over some axes of its logical matrix (row: fan_in, col and
 and vector: none, spectral: the whole matrix). On a ``DTensor`` parameter every rank works on its local shard:
 
 - **local**: no sharded tensor dim is reduced over (a Linear ``oi`` or an Embedding ``io`` sharded on dim 0
-  under row, sign, embedding, vector). No collective at all.
+  under row, sign, embedding, vector). No collective at all, and the fused kernel of :mod:`moga.kernels`
+  steps the local shards as it steps plain tensors (FSDP2's ``CPUOffloadPolicy`` runs it on the CPU).
 - **reduce**: a reduced dim is sharded (col on a row-sharded Linear, a user's ``Shard(1)`` under row). The
   geometry's per-row or per-column partial sums are all-reduced over the mesh dims that shard it (one small
   all-reduce per matrix, never the matrix).
@@ -113,13 +114,24 @@ def _groups(p: DTensor, mesh_dims) -> list:
     return [p.device_mesh.get_group(m) for m in mesh_dims]
 
 
+def _reduced_mesh_dims(p: torch.Tensor, geometry, layout: Layout | None) -> list[int]:
+    """The mesh dims that shard a dim ``geometry`` reduces over; [] when the local shard holds them whole."""
+    if not isinstance(p, DTensor) or layout is None:
+        return []
+    shards = sharded_dims(p)
+    return sorted({m for d in geometry.reduced_dims(layout) for m in shards.get(d, ())})
+
+
+def steps_locally(p: torch.Tensor, geometry, layout: Layout | None) -> bool:
+    """The step on each local shard is exact by itself (no partial sums to combine): a plain tensor, or a
+    DTensor whose sharded dims the geometry does not reduce over (row on FSDP2's ``Shard(0)``)."""
+    return not _reduced_mesh_dims(p, geometry, layout)
+
+
 def reducer(p: torch.Tensor, geometry, layout: Layout | None):
     """``reduce(partial, op)`` combining per-row/per-column partials over the ranks that shard the dims
     ``geometry`` reduces over (in place, returns it); None when those dims are whole on this rank."""
-    if not isinstance(p, DTensor) or layout is None:
-        return None
-    shards = sharded_dims(p)
-    mesh_dims = sorted({m for d in geometry.reduced_dims(layout) for m in shards.get(d, ())})
+    mesh_dims = _reduced_mesh_dims(p, geometry, layout)
     if not mesh_dims:
         return None
     groups = _groups(p, mesh_dims)

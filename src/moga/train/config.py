@@ -224,6 +224,9 @@ class TrainSection(_Section):
     parallel: Literal["auto", "none", "ddp", "fsdp"] = Field(
         "auto", description="several processes (torchrun): ddp (DistributedDataParallel) or fsdp (FSDP2, sharded "
         "parameters, gradients, optimizer state and checkpoints); none: one process; auto: ddp under torchrun")
+    offload: bool = Field(
+        False, description="under fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory "
+        "(FSDP2's CPUOffloadPolicy); the optimizer steps there, in moga's fused C++ kernel where it applies")
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="bf16: autocast to bfloat16 (CPU and CUDA); under fsdp, bfloat16 parameters in "
         "compute with float32 gradient reductions and float32 weights in the optimizer")
@@ -303,6 +306,9 @@ class RunConfig(_Section):
     def _has_length(self):
         if self.train.steps is None and self.train.epochs is None:
             raise ValueError("train: give the run's length, train.steps or train.epochs")
+        if self.train.offload and self.train.parallel != "fsdp":
+            raise ValueError(f"train.offload=true offloads FSDP2 shards: it needs train.parallel=fsdp, "
+                             f"got {self.train.parallel!r}")
         if self.train.parallel == "fsdp":
             unsupported = [k for k, on in (("logging.diagnostics_every", self.logging.diagnostics_every),
                                            ("optim.step_rule=depth_paper", self.optim.step_rule != "lr"),
@@ -320,8 +326,9 @@ class RunConfig(_Section):
         return config_hash(self)
 
 
-# Keys that do not change what a run computes: a run may resume with other values for them.
-UNHASHED = ("name", "logging", "checkpoint")
+# Keys that do not change what a run computes: a run may resume with other values for them (sections,
+# or dotted keys: where FSDP2 keeps the shards between steps changes no number).
+UNHASHED = ("name", "logging", "checkpoint", "train.offload")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
 LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None,
                         "fused": None},
@@ -331,7 +338,11 @@ LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_ever
 def config_hash(cfg: RunConfig | Mapping) -> str:
     d = cfg.to_dict() if isinstance(cfg, RunConfig) else dict(cfg)
     for key in UNHASHED:
-        d.pop(key, None)
+        section, _, sub = key.partition(".")
+        if not sub:
+            d.pop(key, None)
+        elif isinstance(d.get(section), Mapping):
+            d[section] = {k: v for k, v in d[section].items() if k != sub}
     for section, defaults in LATER_KEYS.items():
         if isinstance(d.get(section), Mapping):
             d[section] = {k: v for k, v in d[section].items() if k not in defaults or v != defaults[k]}
@@ -353,7 +364,7 @@ def config_diff(a: RunConfig | Mapping, b: RunConfig | Mapping, *, hashed_only: 
     fa, fb = (flatten_keys(x.to_dict() if isinstance(x, RunConfig) else x) for x in (a, b))
     keys = sorted(set(fa) | set(fb))
     if hashed_only:
-        keys = [k for k in keys if k.split(".")[0] not in UNHASHED]
+        keys = [k for k in keys if k not in UNHASHED and k.split(".")[0] not in UNHASHED]
     return [f"{k}: {fa.get(k, '<unset>')!r} -> {fb.get(k, '<unset>')!r}" for k in keys if fa.get(k) != fb.get(k)]
 
 

@@ -142,7 +142,7 @@ class Trainer:
         np.random.seed(cfg.seed % 2**32)
         self.model = build_model(cfg, self.task.model_inputs).to(d.device)
         if self.fsdp:  # before the optimizer, which must see the sharded parameters
-            parallel.shard_model(self.model, cfg.train.precision)
+            parallel.shard_model(self.model, cfg.train.precision, cfg.train.offload)
         self.optimizer = build_optimizer(cfg, self.model)
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
