@@ -4,6 +4,8 @@ Two blocks: each `fully_shard` call builds its own (equal) mesh, and the collect
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from moga.bench.distributed import OPTIMIZERS
@@ -13,7 +15,7 @@ from moga.cli import app
 def test_bytes_per_optimizer_meet_the_targets():
     result = CliRunner().invoke(app, ["bench", "distributed", "--blocks", "2", "--vocab", "64", "--width", "32", "--repeats", "1", "--json",
                                       "--only", "torch-adamw", "--only", "moga-row-p2", "--only", "moga-col-q2",
-                                      "--only", "moga-muon", "--only", "moga-row-p2-torch"])
+                                      "--only", "moga-muon", "--only", "moga-row-p2-torch", "--only", "torch-adamw-fused"])
     assert result.exit_code == 0, result.output
     records = {r["name"]: r for r in json.loads(result.output)}
     assert records["torch-adamw"]["bytes_all_ranks"] == 0
@@ -32,6 +34,10 @@ def test_bytes_per_optimizer_meet_the_targets():
     assert col["kernel"] == muon["kernel"] == f"cpp 1/{col['matrices'] + 1}"
     assert records["moga-row-p2-torch"]["kernel"] == "torch"
     assert records["moga-row-p2-torch"]["peer"] == "moga-row-p2" and records["moga-row-p2-torch"]["ms_vs_peer"] > 0
+    # ratios within rounds against torch's fused AdamW on the same shards; state over all ranks (momentum
+    # only: half of AdamW's two moments)
+    assert all(r["ms_vs_adamw_fused"] > 0 for r in records.values())
+    assert records["moga-row-p2"]["state_vs_adamw"] == pytest.approx(0.5, abs=1e-3)
 
 
 def test_unknown_name_is_an_error():

@@ -115,6 +115,26 @@ def user_placement_case(geometry: str, placement, mesh, extreme: bool = False) -
     return {"diff": (sharded.full_tensor() - ref).abs().max().item(), "calls": logs[-1].calls}
 
 
+def uneven_case(geometry: str, mesh) -> dict:
+    """Shapes that FSDP2's Shard(0) splits unevenly over 2 ranks (2 + 1 rows, and 1 + 0: a rank with an
+    empty shard), against the same steps on the whole tensors."""
+    gen = torch.Generator().manual_seed(2)
+    shapes = [(3, 5), (1, 5), (5, 3)]
+    init = [torch.randn(s, generator=gen) for s in shapes]
+    whole = [nn.Parameter(t.clone()) for t in init]
+    shards = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in init]
+    ref_opt, opt = MOGA(whole, lr=0.1, geometry=geometry), MOGA(shards, lr=0.1, geometry=geometry)
+    for _ in range(STEPS):
+        grads = [torch.randn(s, generator=gen) for s in shapes]
+        for p, q, g in zip(whole, shards, grads):
+            p.grad, q.grad = g.clone(), distribute_tensor(g.clone(), mesh, [Shard(0)])
+        ref_opt.step()
+        with FusedCalls() as calls:
+            opt.step()
+    return {"diff": max((q.full_tensor() - p).abs().max().item() for p, q in zip(whole, shards)),
+            "local_rows": [q.to_local().shape[0] for q in shards], "stepped": calls.stepped}
+
+
 def error_case(make) -> str:
     try:
         make()
@@ -216,6 +236,8 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
                                 ("col(q=3)", Shard(1)), ("sign", Shard(1)), ("spectral", Shard(1))):
         record(f"user/{geometry}/{placement!r}", lambda: user_placement_case(geometry, placement, mesh))
     record("user-extreme/row(p=2)/Shard(dim=0)", lambda: user_placement_case("row(p=2)", Shard(0), mesh, extreme=True))
+    for geometry in ("row(p=2)", "sign"):
+        record(f"uneven/{geometry}", lambda: uneven_case(geometry, mesh))
     record("ddp/muon", ddp_muon_case)
     record("ddp/gpt", ddp_gpt_case)
     record("nonfinite", lambda: nonfinite_case(mesh))

@@ -119,6 +119,17 @@ def test_rows_at_float32_extremes_step_exactly_on_shards(results):
         assert r[key]["calls"] == [list(FLAG)]
 
 
+@pytest.mark.parametrize("geometry", ["row(p=2)", "sign"])
+def test_uneven_shards_and_an_empty_one_step_like_the_whole(results, geometry):
+    rows = []
+    for r in case(results, f"uneven/{geometry}"):
+        got = r[f"uneven/{geometry}"]
+        assert got["diff"] <= TOL, got["diff"]
+        assert got["stepped"] == sum(1 for n in got["local_rows"] if n)  # the kernel takes every nonempty shard
+        rows.append(got["local_rows"])
+    assert rows == [[2, 1, 3], [1, 0, 2]]
+
+
 def test_spectral_on_shard1(results):
     for r in case(results, "user/spectral/Shard(dim=1)"):
         assert r["user/spectral/Shard(dim=1)"]["diff"] <= TOL
