@@ -86,19 +86,24 @@ def fsdp_case(name: str, mesh) -> dict:
     local_steps = sum(1 for e, g in geometries if covers(g) and steps_locally(e.param, g, as_layout(e.layout)))
     return {"kernel_calls": kernel_logs[-1].ops, "local_steps": local_steps, "diff": diffs[worst], "worst": worst, "diffs": {k: v for k, v in diffs.items() if v}, "state_sharded": state_ok, "calls": logs[-1].calls, "matrices": n_matrices,
             "matrix_bytes": sum(e.param.numel() * 4 for e in opt.plan if e.role in MATRIX_ROLES),
+            "columns": sum(e.param.shape[1] for e in opt.plan if e.role in MATRIX_ROLES),
+            "matrix_groups": len({e.role for e in opt.plan if e.role in MATRIX_ROLES}),
             "placements": sorted({str(p.placements) for p in model.parameters()})}
 
 
-def user_placement_case(geometry: str, placement, mesh, extreme: bool = False) -> dict:
+def user_placement_case(geometry: str, placement, mesh, extreme: str = "") -> dict:
     """One 12 x 10 matrix sharded as the user says, against the same step on the whole matrix. ``extreme``
-    scales a row of each rank's gradient shard to 1e-30 and another to 1e25 (their norms squared under-
-    and overflow float32)."""
+    ("rows" or "cols") scales two rows (one in each rank's Shard(0) half) or two columns of the gradient
+    to 1e-30 and two to 1e25: their sums of squares under- and overflow float32."""
     gen = torch.Generator().manual_seed(0)
     w, grads = torch.randn(12, 10, generator=gen), [torch.randn(12, 10, generator=gen) for _ in range(STEPS)]
-    if extreme:
-        for g in grads:
+    for g in grads:
+        if extreme == "rows":
             g[[0, 6]] *= 1e-30
             g[[1, 7]] *= 1e25
+        elif extreme == "cols":
+            g[:, [0, 6]] *= 1e-30
+            g[:, [1, 7]] *= 1e25
     ref = nn.Parameter(w.clone())
     sharded = nn.Parameter(distribute_tensor(w.clone(), mesh, [placement]))
     ref_opt = MOGA([ref], lr=0.1, geometry=geometry)
@@ -235,7 +240,10 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
     for geometry, placement in (("row(p=1.5)", Shard(1)), ("row(p=2)", Shard(1)), ("row(p=inf)", Shard(1)), ("col(q=2)", Shard(0)),
                                 ("col(q=3)", Shard(1)), ("sign", Shard(1)), ("spectral", Shard(1))):
         record(f"user/{geometry}/{placement!r}", lambda: user_placement_case(geometry, placement, mesh))
-    record("user-extreme/row(p=2)/Shard(dim=0)", lambda: user_placement_case("row(p=2)", Shard(0), mesh, extreme=True))
+    for geometry, placement, extreme in (("row(p=2)", Shard(0), "rows"), ("row(p=2)", Shard(1), "rows"),
+                                         ("col(q=2)", Shard(0), "cols"), ("col(q=3)", Shard(0), "cols")):
+        record(f"user-extreme/{geometry}/{placement!r}",
+               lambda: user_placement_case(geometry, placement, mesh, extreme=extreme))
     for geometry in ("row(p=2)", "sign"):
         record(f"uneven/{geometry}", lambda: uneven_case(geometry, mesh))
     record("ddp/muon", ddp_muon_case)

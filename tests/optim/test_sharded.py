@@ -56,25 +56,30 @@ def test_local_geometries_on_shard0_communicate_only_the_skip_flag(results, name
 def test_local_shards_step_in_the_fused_kernel(results, name):
     """Every tensor whose step needs no other rank (row, sign and embedding on Shard(0)) goes through the
     C++ kernel on its local shard, after one check of all the local gradients; col on a row-sharded matrix
-    needs the other ranks' column sums and stays on the plain path."""
+    needs the other ranks' column sums: partial sums in C++, an all-reduce, the update in C++."""
     for r in case(results, f"fsdp/{name}"):
         got = r[f"fsdp/{name}"]
         steps = [n for op, n in got["kernel_calls"] if op == "moga_kernels::lmo_step"]
+        split = [n for op, n in got["kernel_calls"] if op == "moga_kernels::lmo_apply"]
         assert sum(steps) == got["local_steps"]
         assert [op for op, _ in got["kernel_calls"]].count("moga_kernels::found_nonfinite") == 1
         if name in ("row-p2", "row-p1.5", "embedding-q3"):
             assert got["local_steps"] == got["matrices"] + 2  # and the two embedding tables
-        if name == "col-q2":
-            assert got["local_steps"] == 2  # the embedding tables only
+        if name == "col-q2":  # the embedding tables alone, the matrices in two calls around the all-reduces
+            assert got["local_steps"] == 2 and sum(split) == got["matrices"]
+        else:
+            assert not split
 
 
-def test_col_all_reduces_one_vector_per_matrix(results):
+def test_col_all_reduces_its_column_sums_and_maxima_once_per_group(results):
+    """col on row-sharded matrices: the C++ kernel's column sums |d|^2 and maxima |d| of all the matrices
+    of a param group go in one all-reduce each (a sum, a max), never the matrices."""
     for r in case(results, "fsdp/col-q2"):
         got = r["fsdp/col-q2"]
         reduces = [c for c in got["calls"] if c != list(FLAG)]
-        assert len(reduces) == got["matrices"] and all(name == "allreduce_" for name, _ in reduces)
-        # per matrix: n = fan_in floats (one partial sum per column), never the matrix
-        assert sum(b for _, b in reduces) < got["matrix_bytes"] / 4
+        assert all(name == "allreduce_" for name, _ in reduces)
+        assert len(reduces) == 2 * got["matrix_groups"]
+        assert sum(b for _, b in reduces) == 2 * 4 * got["columns"]  # a float32 sum and maximum per column
 
 
 def test_muon_gathers_each_matrix_once_in_total(results):
@@ -96,8 +101,8 @@ def test_hsdp_mesh(results, name):
 
 
 @pytest.mark.parametrize("key, reduces", [
-    ("user/row(p=2)/Shard(dim=1)", 1), ("user/col(q=2)/Shard(dim=0)", 1),  # sums of squares
-    ("user/row(p=1.5)/Shard(dim=1)", 2),  # the row maximum (|g|^p at any magnitude), then the sums
+    # the C++ kernel: the sums |d|^p and the maxima |d| (which keep every magnitude exact), one each
+    ("user/row(p=2)/Shard(dim=1)", 2), ("user/col(q=2)/Shard(dim=0)", 2), ("user/row(p=1.5)/Shard(dim=1)", 2),
     ("user/row(p=inf)/Shard(dim=1)", 2),  # the row maximum, then the number of entries that reach it
     ("user/col(q=3)/Shard(dim=1)", 0), ("user/sign/Shard(dim=1)", 0),
 ])
@@ -110,13 +115,20 @@ def test_user_placements(results, key, reduces):
         assert all(b == 12 * 4 if "row" in key else b == 10 * 4 for _, b in partials)  # one float per row/col
 
 
-def test_rows_at_float32_extremes_step_exactly_on_shards(results):
-    """Rows whose squared norms under- or overflow float32: the kernel steps them exactly on the local
-    shards, as on the whole matrix (the plain fast l2 path would give them a zero update)."""
-    key = "user-extreme/row(p=2)/Shard(dim=0)"
+@pytest.mark.parametrize("key, reduces", [
+    ("user-extreme/row(p=2)/Shard(dim=0)", 0),  # whole rows on each rank: exact in the kernel alone
+    # split rows or columns out of range: the sums and maxima, then one more sum for their exact step
+    ("user-extreme/row(p=2)/Shard(dim=1)", 3), ("user-extreme/col(q=2)/Shard(dim=0)", 3),
+    ("user-extreme/col(q=3)/Shard(dim=0)", 3),
+])
+def test_rows_and_columns_at_float32_extremes_step_exactly_on_shards(results, key, reduces):
+    """Rows or columns whose sums |d|^p under- or overflow float32 step exactly on shards, as on the whole
+    matrix (the plain fast l2 path would give them a zero update)."""
     for r in case(results, key):
         assert r[key]["diff"] <= TOL, r[key]["diff"]
-        assert r[key]["calls"] == [list(FLAG)]
+        n = 10 if "col" in key else 12  # columns or rows
+        sizes = [n * 4, n * 4, n * 8]  # float32 sums and maxima, then the flagged ones' float64 sums
+        assert [c for c in r[key]["calls"] if c != list(FLAG)] == [["allreduce_", b] for b in sizes[:reduces]]
 
 
 @pytest.mark.parametrize("geometry", ["row(p=2)", "sign"])

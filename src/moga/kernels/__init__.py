@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from moga.geometry import Col, Geometry, Row, Sign
 from moga.layout import Layout
-from moga.numerics import dual_exponent
+from moga.numerics import Reduce, dual_exponent
 
 KERNELS = ("auto", "cpp", "torch")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -71,6 +71,10 @@ def plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> tuple[tuple[i
     normalized axes that are not adjacent)."""
     if math.prod(shape) == 0:  # nothing to do, whatever the geometry
         return (0, 0, 0), 1.0, 0.0
+    return _plan(geometry, layout, shape)
+
+
+def _plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> tuple[tuple[int, int, int], float, float] | None:
     if isinstance(geometry, Sign):
         p, factor, dims = 1.0, 1 / layout.fan_in(shape), None
     elif isinstance(geometry, Row):
@@ -136,6 +140,71 @@ def fused_lmo_step_(
     return [k for k in range(len(params)) if k not in skipped]
 
 
+def fused_split_step_(
+    geometry: Geometry, layouts: list[Layout], params: list[torch.Tensor], grads: list[torch.Tensor],
+    bufs: list[torch.Tensor] | None, lr: float, momentum: float, nesterov: bool, weight_decay: float,
+    reduce: Reduce, found_inf: torch.Tensor | None = None,
+) -> list[int]:
+    """The fused step for CPU shards whose normalized axis is split over ranks (col on a row-sharded
+    matrix): the C++ kernel updates m and sums ``|d|^p`` and ``max |d|`` per row or column, ``reduce(x, op)``
+    combines them over the ranks (one sum and one max for all the tensors), and the kernel updates W. Rows
+    or columns whose combined sums are out of range take an exact step here, with one more sum. Every rank
+    must pass the same tensors, empty shards included. Returns the indices left to the plain path."""
+    work, shapes, scales, p_common = [], [], [], None
+    for k, (w, g) in enumerate(zip(params, grads)):
+        buf = bufs[k] if bufs else None
+        planned = _plan(geometry, layouts[k], w.shape) if w.device.type == "cpu" and fits(w, g, buf) else None
+        if planned is None or planned[1] == 1 or (p_common is not None and planned[1] != p_common):
+            continue
+        shape, p_common, factor = planned
+        work.append(k)
+        shapes.extend(shape)
+        scales.append(-lr * factor)
+    if not work:
+        return list(range(len(params)))
+    lib = _library()
+    ws, gs = [params[k] for k in work], [grads[k] for k in work]
+    ms = [bufs[k] for k in work] if bufs else []
+    beta = momentum if bufs else 0.0
+    parts = lib.lmo_partials(gs, ms, found_inf, shapes, p_common, beta, nesterov)
+    sums, tops = (torch.cat([x[i].reshape(-1) for x in parts]) for i in (0, 1))  # float64 if dtypes mix
+    reduce(sums, "sum")
+    reduce(tops, "max")
+    sizes = [x[0].numel() for x in parts]
+    combined = [torch.stack([s, t]).to(x.dtype).view_as(x) for s, t, x in zip(sums.split(sizes), tops.split(sizes), parts)]
+    flags = lib.lmo_apply(ws, gs, ms, found_inf, shapes, scales, combined, p_common, beta, nesterov,
+                          1 - lr * weight_decay)
+    for i, k in enumerate(work):  # rare; the flags come from combined sums, so every rank agrees
+        if bool(flags[i].any()):
+            _exact_split_(ws[i], gs[i], ms[i] if ms else None, shapes[3 * i: 3 * i + 3], p_common, scales[i],
+                          1 - lr * weight_decay, beta, nesterov, combined[i][1], flags[i], reduce)
+    done = set(work)
+    return [k for k in range(len(params)) if k not in done]
+
+
+def _exact_split_(w, g, m, shape, p, c, decay, momentum, nesterov, tops, flags, reduce) -> None:
+    """The flagged rows or columns of a split step, in float64: divided by their (combined) maximum first,
+    so no power under- or overflows, with their sums combined over the ranks (as ``exact_update`` in C++)."""
+    math_dtype = torch.float64 if w.dtype == torch.float64 else torch.float32
+    b, k, n = shape
+    gt = g.to(math_dtype)
+    d = gt if m is None else (torch.lerp(gt, m.to(math_dtype), momentum) if nesterov else m.to(math_dtype))
+    d = d.double().view(b, k, n)
+    peak = tops.double().view(b, 1, n)
+    a = d.abs() / torch.where(peak > 0, peak, 1.0)
+    total = reduce(a.pow(p).sum(dim=1), "sum")
+    f = c * torch.where(total > 0, total, 1.0).pow(-(p - 1) / p)
+    wv = w.view(b, k, n)
+    new = (wv.to(math_dtype) * decay).double() + f[:, None, :] * a.pow(p - 1).copysign(d)
+    wv.copy_(torch.where(flags.view(b, 1, n), new.to(w.dtype), wv))
+
+
+def _library():
+    from moga.kernels.build import load_extension
+
+    return load_extension()
+
+
 def fused_ready(device: torch.device) -> bool:
     """The fused kernel is already built and loaded for this device (never starts a build)."""
     return _unavailable.get(device.type) == "" and device.type == "cpu"
@@ -169,7 +238,7 @@ class FusedCalls(TorchDispatchMode):
 
     @property
     def stepped(self) -> int:
-        return sum(n for name, n in self.ops if name.endswith(("::lmo_step", "::lmo_step_")))
+        return sum(n for name, n in self.ops if name.endswith(("::lmo_step", "::lmo_step_", "::lmo_apply")))
 
 
 def _op(name: str, device: torch.device):

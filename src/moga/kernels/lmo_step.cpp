@@ -28,6 +28,7 @@
 #include <limits>
 #include <atomic>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <torch/library.h>
@@ -305,14 +306,16 @@ MOGA_INLINE Vectorized<T> direction_peek(const T* g, const T* m, int64_t count, 
   return ema.nesterov ? lerp(V::loadu(g, count), mv, ema.beta) : mv;
 }
 
+// Sweep A: updates m and writes each column's S = sum |d|^p and a = max |d| to sums and tops, row b of
+// the slices at b * stride (stride >= N; the entries past N are left as they are).
 template <typename S, typename T, Kind K>
-void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, const Config& cfg, double c) {
+void col_sums(const S* g, S* m, int64_t B, int64_t R, int64_t N, const Config& cfg, T* sums_out, T* tops_out,
+              int64_t stride) {
   using V = Vectorized<T>;
   constexpr int64_t L = V::size();
-  const int64_t chunks = (R + kChunkRows - 1) / kChunkRows, width = (N + L - 1) / L * L;
-  std::vector<T> sums(B * chunks * width), tops(B * chunks * width), f(B * width);
-  std::vector<char> exact(B, 0);
-  const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
+  const int64_t chunks = std::max<int64_t>(1, (R + kChunkRows - 1) / kChunkRows), width = (N + L - 1) / L * L;
+  std::vector<T> sums(B * chunks * width), tops(B * chunks * width);  // R = 0 (an empty shard): zeros
+  const V e = V(T(cfg.p - 1));
   const Ema<T> ema(cfg);
   at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t item = lo; item < hi; ++item) {
@@ -337,9 +340,9 @@ void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, co
     }
   });
   for (int64_t b = 0; b < B; ++b) {  // the chunks' partial sums, in order
+    T* s0 = sums.data() + b * chunks * width;
+    T* t0 = tops.data() + b * chunks * width;
     for (int64_t ch = 1; ch < chunks; ++ch) {
-      T* s0 = sums.data() + b * chunks * width;
-      T* t0 = tops.data() + b * chunks * width;
       const T* s1 = s0 + ch * width;
       const T* t1 = t0 + ch * width;
       for (int64_t j = 0; j < width; j += L) {
@@ -347,19 +350,27 @@ void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, co
         at::vec::maximum(V::loadu(t0 + j), V::loadu(t1 + j)).store(t0 + j);
       }
     }
-    const T* s = sums.data() + b * chunks * width;
-    const T* top = tops.data() + b * chunks * width;
-    for (int64_t j = 0; j < N; ++j) {
-      if (top[j] != 0 && !in_range<T>(s[j], top[j], cfg.p)) exact[b] = 1;
-      f[b * width + j] = top[j] == 0 ? T(0) : T(factor(s[j], cfg.p, c, K));
-    }
+    std::copy(s0, s0 + N, sums_out + b * stride);
+    std::copy(t0, t0 + N, tops_out + b * stride);
   }
+}
+
+// Sweep B: W <- decay * W + f t for every column, f (row b at b * stride) from the column's sums; the
+// slices whose skip flag is set are left untouched.
+template <typename S, typename T, Kind K>
+void col_update(const S* g, const S* m, S* w, int64_t B, int64_t R, int64_t N, const Config& cfg, const T* f,
+                int64_t stride, const char* skip) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const int64_t chunks = (R + kChunkRows - 1) / kChunkRows;
+  const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
+  const Ema<T> ema(cfg);
   const bool needs_g = m == nullptr || cfg.nesterov;
   at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
-      if (exact[b]) continue;
-      const T* fb = f.data() + b * width;
+      if (skip[b]) continue;
+      const T* fb = f + b * stride;
       V unused(T(0));
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t off = (b * R + k) * N;
@@ -370,26 +381,55 @@ void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, co
         for (int64_t j = 0; j < N; j += L) {
           const int64_t cnt = std::min(L, N - j);
           V t = powered<T, K>(direction_peek(gr.ptr + j, m ? mr.ptr + j : nullptr, cnt, ema), unused, e);
-          at::vec::fmadd(V::loadu(fb + j), t, V::loadu(wk + j, cnt) * decay).store(wk + j, cnt);
+          at::vec::fmadd(V::loadu(fb + j, cnt), t, V::loadu(wk + j, cnt) * decay).store(wk + j, cnt);
         }
         store_row<S, T>(wk, w + off, N);
       }
     }
   });
-  for (int64_t b = 0; b < B; ++b) {  // rare: slices with a column to redo in double
-    if (!exact[b]) continue;
-    std::vector<T> d(R), wcol(R);
-    for (int64_t j = 0; j < N; ++j) {
-      for (int64_t k = 0; k < R; ++k) {
-        const int64_t at = (b * R + k) * N + j;
-        const T gk = T(g[at]), mk = m ? T(m[at]) : T(0);
-        d[k] = m == nullptr ? gk : (cfg.nesterov ? lerp(gk, mk, T(cfg.beta)) : mk);
-        wcol[k] = T(w[at]);
-      }
-      exact_update(d.data(), wcol.data(), R, 1, 1, cfg, c);
-      for (int64_t k = 0; k < R; ++k) w[(b * R + k) * N + j] = S(wcol[k]);
-    }
+}
+
+// The exact update of column j of slice b in double (d from g and the updated m).
+template <typename S, typename T>
+void col_exact(const S* g, const S* m, S* w, int64_t b, int64_t j, int64_t R, int64_t N, const Config& cfg,
+               double c) {
+  std::vector<T> d(R), wcol(R);
+  for (int64_t k = 0; k < R; ++k) {
+    const int64_t at = (b * R + k) * N + j;
+    const T gk = T(g[at]), mk = m ? T(m[at]) : T(0);
+    d[k] = m == nullptr ? gk : (cfg.nesterov ? lerp(gk, mk, T(cfg.beta)) : mk);
+    wcol[k] = T(w[at]);
   }
+  exact_update(d.data(), wcol.data(), R, 1, 1, cfg, c);
+  for (int64_t k = 0; k < R; ++k) w[(b * R + k) * N + j] = S(wcol[k]);
+}
+
+// f = c / S^((p-1)/p) per column (0 for a zero column); true where the sums are out of range (exact).
+template <typename T, Kind K>
+bool factors(const T* sums, const T* tops, int64_t n, const Config& cfg, double c, T* f, char* exact) {
+  bool any = false;
+  for (int64_t j = 0; j < n; ++j) {
+    exact[j] = tops[j] != 0 && !in_range<T>(sums[j], tops[j], cfg.p);
+    any |= exact[j];
+    f[j] = tops[j] == 0 || exact[j] ? T(0) : T(factor(sums[j], cfg.p, c, K));
+  }
+  return any;
+}
+
+template <typename S, typename T, Kind K>
+void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, const Config& cfg, double c) {
+  constexpr int64_t L = Vectorized<T>::size();
+  const int64_t width = (N + L - 1) / L * L;
+  std::vector<T> sums(B * width), tops(B * width), f(B * width, T(0));
+  std::vector<char> exact(B * width, 0), slice_exact(B, 0);
+  col_sums<S, T, K>(g, m, B, R, N, cfg, sums.data(), tops.data(), width);
+  for (int64_t b = 0; b < B; ++b)
+    slice_exact[b] = factors<T, K>(sums.data() + b * width, tops.data() + b * width, N, cfg, c, f.data() + b * width,
+                                   exact.data() + b * width);
+  col_update<S, T, K>(g, m, w, B, R, N, cfg, f.data(), width, slice_exact.data());
+  for (int64_t b = 0; b < B; ++b)  // rare: slices with a column to redo in double, redone whole
+    if (slice_exact[b])
+      for (int64_t j = 0; j < N; ++j) col_exact<S, T>(g, m, w, b, j, R, N, cfg, c);
 }
 
 // Storage S, math in T: float and double work in place; bfloat16 goes through float copies.
@@ -474,6 +514,206 @@ void lmo_step(at::TensorList params, at::TensorList grads, at::TensorList bufs, 
 
 namespace {
 
+// ---- sharded tensors: partial sums, then the update -------------------------------------------------
+// A tensor whose normalized axis K is split over ranks (col on FSDP2's Shard(0), row on Shard(1)) steps in
+// two calls around the caller's all-reduce: lmo_partials updates m and returns each row's or column's
+// local S = sum |d|^p and a = max |d|; lmo_apply takes S summed and a maximized over the ranks and
+// updates W. A row or column whose combined S is out of range is left untouched and flagged: its exact
+// step needs one more reduction over the ranks, which the caller makes.
+
+template <typename S, typename T, Kind K>
+void row_sums(const S* g, S* m, int64_t B, int64_t R, const Config& cfg, T* sums, T* tops) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const V e = V(T(cfg.p - 1));
+  const Ema<T> ema(cfg);
+  at::parallel_for(0, B, std::max<int64_t>(1, 32768 / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      const int64_t off = b * R;
+      RowIn<S, T> gr(g + off, R, 0);
+      RowIn<S, T> mr(m ? m + off : g + off, m ? R : 0, 1);
+      T* mk = m ? const_cast<T*>(mr.ptr) : nullptr;
+      Vectorized<T> s(T(0)), peak(T(0));
+      for (int64_t i = 0; i < R; i += L) {
+        const int64_t cnt = std::min(L, R - i);
+        V d = direction(gr.ptr + i, mk ? mk + i : nullptr, cnt, ema);  // lanes past cnt are 0
+        peak = at::vec::maximum(peak, d.abs());
+        powered<T, K>(d, s, e);
+      }
+      if (m) store_row<S, T>(mk, m + off, R);
+      sums[b] = horizontal_sum(s);
+      tops[b] = horizontal_max(peak);
+    }
+  });
+}
+
+template <typename S, typename T, Kind K>
+void row_update(const S* g, const S* m, S* w, int64_t B, int64_t R, const Config& cfg, const T* f, const char* skip) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
+  const Ema<T> ema(cfg);
+  const bool needs_g = m == nullptr || cfg.nesterov;
+  at::parallel_for(0, B, std::max<int64_t>(1, 32768 / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      if (skip[b]) continue;
+      const int64_t off = b * R;
+      RowIn<S, T> gr(g + off, needs_g ? R : 0, 0);
+      RowIn<S, T> mr(m ? m + off : g + off, m ? R : 0, 1);
+      RowIn<S, T> wr(w + off, R, 2);
+      T* wk = const_cast<T*>(wr.ptr);
+      const V fv(f[b]);
+      V unused(T(0));
+      for (int64_t i = 0; i < R; i += L) {
+        const int64_t cnt = std::min(L, R - i);
+        V t = powered<T, K>(direction_peek(gr.ptr + i, m ? mr.ptr + i : nullptr, cnt, ema), unused, e);
+        at::vec::fmadd(fv, t, V::loadu(wk + i, cnt) * decay).store(wk + i, cnt);
+      }
+      store_row<S, T>(wk, w + off, R);
+    }
+  });
+}
+
+template <typename S, typename T, Kind K>
+void partials(const at::Tensor& grad, const at::Tensor& buf, int64_t B, int64_t R, int64_t N, const Config& cfg,
+              at::Tensor& out) {
+  const S* g = grad.data_ptr<S>();
+  S* m = buf.defined() ? buf.data_ptr<S>() : nullptr;
+  T* sums = out.data_ptr<T>();
+  if (N == 1) row_sums<S, T, K>(g, m, B, R, cfg, sums, sums + B);
+  else col_sums<S, T, K>(g, m, B, R, N, cfg, sums, sums + B * N, N);
+}
+
+// Updates W from the combined sums; returns the (B, N) flags of the rows or columns left to the caller.
+template <typename S, typename T, Kind K>
+at::Tensor apply(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& buf, const at::Tensor& combined,
+                 int64_t B, int64_t R, int64_t N, const Config& cfg, double c) {
+  const S* g = grad.data_ptr<S>();
+  const S* m = buf.defined() ? buf.data_ptr<S>() : nullptr;
+  S* w = param.data_ptr<S>();
+  const at::Tensor sums = combined.contiguous();
+  const T* s = sums.data_ptr<T>();
+  std::vector<T> f(B * N);
+  at::Tensor flags = at::zeros({B, N}, at::kBool);
+  char* exact = reinterpret_cast<char*>(flags.data_ptr<bool>());
+  const bool any = factors<T, K>(s, s + B * N, B * N, cfg, c, f.data(), exact);
+  if (N == 1) {
+    row_update<S, T, K>(g, m, w, B, R, cfg, f.data(), exact);
+    return flags;
+  }
+  std::vector<S> kept;  // rare: the flagged columns of W, put back after the sweep (which decays them)
+  if (any)
+    for (int64_t bj = 0; bj < B * N; ++bj)
+      if (exact[bj])
+        for (int64_t k = 0; k < R; ++k) kept.push_back(w[((bj / N) * R + k) * N + bj % N]);
+  const std::vector<char> none(B, 0);
+  col_update<S, T, K>(g, m, w, B, R, N, cfg, f.data(), N, none.data());
+  size_t next = 0;
+  if (any)
+    for (int64_t bj = 0; bj < B * N; ++bj)
+      if (exact[bj])
+        for (int64_t k = 0; k < R; ++k) w[((bj / N) * R + k) * N + bj % N] = kept[next++];
+  return flags;
+}
+
+at::ScalarType compute_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+template <Kind K>
+using KindTag = std::integral_constant<Kind, K>;
+
+// Calls f(S(), T(), KindTag<K>()) for the tensor's storage S, its math T and the exponent's kind K.
+template <typename F>
+auto dispatch(at::ScalarType dtype, double p, F&& f) {
+  auto by_kind = [&](auto s_tag, auto t_tag) {
+    switch (kind_of(p)) {
+      case Kind::Sign: return f(s_tag, t_tag, KindTag<Kind::Sign>());
+      case Kind::P2: return f(s_tag, t_tag, KindTag<Kind::P2>());
+      case Kind::P15: return f(s_tag, t_tag, KindTag<Kind::P15>());
+      case Kind::P25: return f(s_tag, t_tag, KindTag<Kind::P25>());
+      default: return f(s_tag, t_tag, KindTag<Kind::Generic>());
+    }
+  };
+  switch (dtype) {
+    case at::kFloat: return by_kind(float(), float());
+    case at::kDouble: return by_kind(double(), double());
+    case at::kBFloat16: return by_kind(c10::BFloat16(), float());
+    default: TORCH_CHECK(false, "moga: float32, float64 or bfloat16 tensors, got ", dtype);
+  }
+}
+
+void check_split(const at::Tensor& w, const at::Tensor& g, const at::Tensor& m, int64_t B, int64_t R, int64_t N) {
+  TORCH_CHECK(g.device().is_cpu() && (!w.defined() || w.device().is_cpu()), "moga: CPU tensors only");
+  TORCH_CHECK(g.is_contiguous() && (!w.defined() || w.is_contiguous()) && (!m.defined() || m.is_contiguous()),
+              "moga: tensors must be contiguous");
+  TORCH_CHECK((!w.defined() || w.scalar_type() == g.scalar_type()) && (!m.defined() || m.scalar_type() == g.scalar_type()),
+              "moga: parameter, gradient and buffer dtypes differ");
+  TORCH_CHECK(g.numel() == B * R * N && (!w.defined() || w.numel() == g.numel()) && (!m.defined() || m.numel() == g.numel()),
+              "moga: shape (", B, ", ", R, ", ", N, ") does not match a tensor of ", g.numel(), " elements");
+}
+
+}  // namespace
+
+// Per tensor a (2, B, N) tensor in the math dtype: the local sums |d|^p and maxima |d| along K, after the
+// momentum update. Zeros, and m untouched, when found_inf is set.
+std::vector<at::Tensor> lmo_partials(at::TensorList grads, at::TensorList bufs, const std::optional<at::Tensor>& found_inf,
+                                     at::IntArrayRef shapes, double p, double momentum, bool nesterov) {
+  const size_t n = grads.size();
+  TORCH_CHECK(shapes.size() == 3 * n && (bufs.empty() || bufs.size() == n), "moga lmo_partials: list lengths differ");
+  TORCH_CHECK(p > 1 && std::isfinite(p), "moga lmo_partials: p must be finite and > 1, got ", p);
+  const bool skip = flag_set(found_inf);
+  const Config cfg{p, bufs.empty() ? 0.0 : momentum, nesterov, 1.0};
+  std::vector<at::Tensor> out;
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t B = shapes[3 * k], R = shapes[3 * k + 1], N = shapes[3 * k + 2];
+    const at::Tensor& g = grads[k];
+    const at::Tensor m = bufs.empty() ? at::Tensor() : bufs[k];
+    check_split(at::Tensor(), g, m, B, R, N);
+    at::Tensor part = at::zeros({2, B, N}, g.options().dtype(compute_dtype(g)));
+    if (!skip && g.numel())
+      dispatch(g.scalar_type(), p, [&](auto s, auto t, auto kind) {
+        partials<decltype(s), decltype(t), decltype(kind)::value>(g, m, B, R, N, cfg, part);
+      });
+    out.push_back(part);
+  }
+  return out;
+}
+
+// W <- decay W + c phi_p(d) with the combined (2, B, N) sums of lmo_partials; returns per tensor the (B, N)
+// flags of rows or columns left untouched, whose sums are out of range (none when found_inf is set).
+std::vector<at::Tensor> lmo_apply(at::TensorList params, at::TensorList grads, at::TensorList bufs,
+                                  const std::optional<at::Tensor>& found_inf, at::IntArrayRef shapes,
+                                  at::ArrayRef<double> scales, at::TensorList combined, double p, double momentum,
+                                  bool nesterov, double decay) {
+  const size_t n = params.size();
+  TORCH_CHECK(grads.size() == n && scales.size() == n && combined.size() == n && shapes.size() == 3 * n &&
+              (bufs.empty() || bufs.size() == n), "moga lmo_apply: list lengths differ");
+  TORCH_CHECK(p > 1 && std::isfinite(p), "moga lmo_apply: p must be finite and > 1, got ", p);
+  const bool skip = flag_set(found_inf);
+  const Config cfg{p, bufs.empty() ? 0.0 : momentum, nesterov, decay};
+  std::vector<at::Tensor> flags;
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t B = shapes[3 * k], R = shapes[3 * k + 1], N = shapes[3 * k + 2];
+    const at::Tensor& w = params[k];
+    const at::Tensor& g = grads[k];
+    const at::Tensor m = bufs.empty() ? at::Tensor() : bufs[k];
+    check_split(w, g, m, B, R, N);
+    TORCH_CHECK(combined[k].scalar_type() == compute_dtype(g) && combined[k].numel() == 2 * B * N,
+                "moga lmo_apply: sums must be lmo_partials' (2, B, N) in the math dtype");
+    if (skip) {
+      flags.push_back(at::zeros({B, N}, at::kBool));
+      continue;
+    }  // an empty shard still flags what the others flag: the caller's next reduction must match
+    flags.push_back(dispatch(w.scalar_type(), p, [&](auto s, auto t, auto kind) {
+      return apply<decltype(s), decltype(t), decltype(kind)::value>(w, g, m, combined[k], B, R, N, cfg, scales[k]);
+    }));
+  }
+  return flags;
+}
+
+namespace {
+
 // Whether x[lo, hi) holds a NaN or inf: x * 0 is 0 for every finite x and NaN otherwise, so a sum of
 // them is exact, without overflow. Four chains from four parts of the range: more reads in flight.
 template <typename scalar_t>
@@ -531,9 +771,15 @@ TORCH_LIBRARY(moga_kernels, m) {
   m.def("lmo_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] bufs, Tensor? found_inf, int[] shapes, "
         "float[] scales, float p, float momentum, bool nesterov, float decay) -> ()");
   m.def("found_nonfinite(Tensor[] tensors) -> Tensor");
+  m.def("lmo_partials(Tensor[] grads, Tensor(a!)[] bufs, Tensor? found_inf, int[] shapes, float p, float momentum, "
+        "bool nesterov) -> Tensor[]");
+  m.def("lmo_apply(Tensor(a!)[] params, Tensor[] grads, Tensor[] bufs, Tensor? found_inf, int[] shapes, "
+        "float[] scales, Tensor[] combined, float p, float momentum, bool nesterov, float decay) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(moga_kernels, CPU, m) {
   m.impl("lmo_step", &lmo_step);
   m.impl("found_nonfinite", &found_nonfinite);
+  m.impl("lmo_partials", &lmo_partials);
+  m.impl("lmo_apply", &lmo_apply);
 }

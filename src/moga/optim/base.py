@@ -23,7 +23,8 @@ from torch.optim import Optimizer
 
 from moga.geometry import Geometry, Spectral, parse_geometry
 from moga.kernels import DTYPES as KERNEL_DTYPES
-from moga.kernels import all_finite, check_kernel, covers, fused_available, fused_lmo_step_, fused_ready
+from moga.kernels import (all_finite, check_kernel, covers, fused_available, fused_lmo_step_, fused_ready,
+                          fused_split_step_)
 from moga.layout import Layout, as_layout, resolve_layout
 from moga.optim import sharded
 from moga.optim.sharded import DTensor, WholeJob, local
@@ -213,8 +214,7 @@ class GeometryOptimizer(Optimizer):
         """Steps what it can; returns the steps that need whole matrices from other ranks, and leaves
         rounding master copies into ``rounding`` (done after those)."""
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        if (covers(plan.geometry) and any(sharded.steps_locally(p, plan.geometry, plan.layout(p)) for p in params)
-                and fused_available(self.kernel, local(params[0]).device)):
+        if covers(plan.geometry) and fused_available(self.kernel, local(params[0]).device):
             params = self._fused_lmo_step(plan, group, params, ok)
             if not params:
                 return []
@@ -257,19 +257,28 @@ class GeometryOptimizer(Optimizer):
         that step locally (a skipped step, ``ok`` False, leaves them untouched inside the kernel, without a
         host read); returns the parameters left to the plain path."""
         lr, momentum = group["lr"], group["momentum"]
-        mine, others = [], []
+        # Local steps (plain tensors, shards that hold whole rows or columns) in one call; shards whose rows
+        # or columns are split over ranks (col on FSDP2's Shard(0)) per set of ranks that combine their sums.
+        calls: dict = {}
+        others = []
         for p in params:
-            takes = (not (self.master_weights and _low_precision(p))
-                     and sharded.steps_locally(p, plan.geometry, plan.layout(p)))
-            (mine if takes else others).append(p)
-        if not mine:
-            return params
-        bufs = [local(self._buffer(p, "momentum_buffer")) for p in mine] if momentum > 0 else None
+            key = sharded.reduce_key(p, plan.geometry, plan.layout(p))
+            if (self.master_weights and _low_precision(p)) or (key is not None and torch.compiler.is_compiling()):
+                others.append(p)
+            else:
+                calls.setdefault(key, []).append(p)
         found_inf = None if ok is None else (~ok).to(torch.float32)
-        layouts = [sharded.global_layout(p, plan.layout(p)) for p in mine]  # factors from the global shape
-        rest = fused_lmo_step_(plan.geometry, layouts, [local(p) for p in mine], [local(p.grad) for p in mine], bufs,
-                               lr, momentum, group["nesterov"], group["weight_decay"], found_inf)
-        return others + [mine[k] for k in rest]
+        args = (lr, momentum, group["nesterov"], group["weight_decay"])
+        for key, mine in calls.items():
+            bufs = [local(self._buffer(p, "momentum_buffer")) for p in mine] if momentum > 0 else None
+            layouts = [sharded.global_layout(p, plan.layout(p)) for p in mine]  # factors from the global shape
+            tensors = (plan.geometry, layouts, [local(p) for p in mine], [local(p.grad) for p in mine], bufs)
+            if key is None:
+                rest = fused_lmo_step_(*tensors, *args, found_inf)
+            else:
+                rest = fused_split_step_(*tensors, *args, sharded.reduce_over(key), found_inf)
+            others += [mine[k] for k in rest]
+        return others
 
     def _batched_spectral_step(self, plan: GroupPlan, group, targets, params, grads, directions, alpha, ok):
         """Same-shape matrices go through one batched Newton-Schulz (bmm) call: a transformer's identical

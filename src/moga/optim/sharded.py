@@ -110,10 +110,6 @@ def global_layout(p: torch.Tensor, layout: Layout | None) -> Layout | None:
     return ShardLayout(layout.spec, tuple(p.shape))
 
 
-def _groups(p: DTensor, mesh_dims) -> list:
-    return [p.device_mesh.get_group(m) for m in mesh_dims]
-
-
 def _reduced_mesh_dims(p: torch.Tensor, geometry, layout: Layout | None) -> list[int]:
     """The mesh dims that shard a dim ``geometry`` reduces over; [] when the local shard holds them whole."""
     if not isinstance(p, DTensor) or layout is None:
@@ -128,21 +124,34 @@ def steps_locally(p: torch.Tensor, geometry, layout: Layout | None) -> bool:
     return not _reduced_mesh_dims(p, geometry, layout)
 
 
-def reducer(p: torch.Tensor, geometry, layout: Layout | None):
-    """``reduce(partial, op)`` combining per-row/per-column partials over the ranks that shard the dims
-    ``geometry`` reduces over (in place, returns it); None when those dims are whole on this rank."""
+def reduce_key(p: torch.Tensor, geometry, layout: Layout | None) -> tuple | None:
+    """What ``p``'s partial sums are combined over: (mesh, mesh dims), equal for shards that can share one
+    collective (equal meshes from separate ``fully_shard`` calls included); None when the step is local."""
     mesh_dims = _reduced_mesh_dims(p, geometry, layout)
-    if not mesh_dims:
-        return None
-    groups = _groups(p, mesh_dims)
+    return (p.device_mesh, tuple(mesh_dims)) if mesh_dims else None
+
+
+def reduce_over(key: tuple):
+    """``reduce(partial, op)`` over the mesh dims of a :func:`reduce_key` (in place, returns it)."""
+    mesh, mesh_dims = key
+    groups = [mesh.get_group(m) for m in mesh_dims]
 
     def reduce(partial: torch.Tensor, op: str) -> torch.Tensor:
         rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        # CPU-offloaded shards on a CUDA mesh: NCCL reduces device tensors only
+        t = partial if partial.device.type == mesh.device_type else partial.to(mesh.device_type)
         for g in groups:
-            dist.all_reduce(partial, op=rop, group=g)
-        return partial
+            dist.all_reduce(t, op=rop, group=g)
+        return partial if t is partial else partial.copy_(t)
 
     return reduce
+
+
+def reducer(p: torch.Tensor, geometry, layout: Layout | None):
+    """``reduce(partial, op)`` combining per-row/per-column partials over the ranks that shard the dims
+    ``geometry`` reduces over (in place, returns it); None when those dims are whole on this rank."""
+    key = reduce_key(p, geometry, layout)
+    return None if key is None else reduce_over(key)
 
 
 def all_ranks(params: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
