@@ -1,7 +1,8 @@
 """Fused optimizer steps: one pass per row for the row, col, sign and embedding geometries.
 
-``kernel="cpp"`` runs the C++ kernel (``lmo_step.cpp``, JIT-built on first use) on CPU tensors and a
-``torch.compile``'d step on CUDA tensors; ``"torch"`` the plain path of :mod:`moga.geometry`; ``"auto"``
+``kernel="cpp"`` runs the C++ kernel (``lmo_step.cpp``, JIT-built on first use) on CPU tensors (and on the
+local shards of FSDP2 parameters, where rows or columns split over ranks step in two calls around an
+all-reduce: :func:`fused_split_step_`) and a ``torch.compile``'d step on CUDA tensors; ``"torch"`` the plain path of :mod:`moga.geometry`; ``"auto"``
 the fused kernel where it can be had, else the plain path with a one-line warning. ``reference.py``
 is the same step in plain torch, tested equal to both.
 """
@@ -99,7 +100,7 @@ def covers(geometry: Geometry) -> bool:
 
 
 def fits(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None) -> bool:
-    """The kernel's tensor requirements: plain tensors (a DTensor shard takes the plain path), one dtype
+    """The kernel's tensor requirements: plain tensors (a DTensor's local shard, not the DTensor), one dtype
     it knows, dense, contiguous, one device."""
     tensors = (param, grad) if buf is None else (param, grad, buf)
     return (all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) and param.dtype in DTYPES and all(t.dtype == param.dtype and t.device == param.device for t in tensors)

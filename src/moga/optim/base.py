@@ -96,7 +96,7 @@ class GeometryOptimizer(Optimizer):
     use master weights for bf16 training. bfloat16 state on float32 parameters: 1.9e-3 (2.3e-5) after 10
     MOGA steps.
     Kernels. ``kernel="auto"`` (default) runs the fused one-pass step of :mod:`moga.kernels` (C++ on CPU,
-    compiled on CUDA) for the row, col, sign and embedding groups it covers, and falls back to the plain
+    compiled on CUDA) for the row, col, sign and embedding groups it covers, FSDP2 shards included, and falls back to the plain
     path, with a one-line warning, when it cannot be built; ``"cpp"`` insists on it, ``"torch"`` never
     uses it. It keeps the non-finite semantics above (a skipped step leaves everything untouched).
     """
@@ -218,7 +218,8 @@ class GeometryOptimizer(Optimizer):
             params = self._fused_lmo_step(plan, group, params, ok)
             if not params:
                 return []
-        # What is left, DTensor shards whose step needs partial sums of other ranks included: moga.optim.sharded.
+        # What is left (spectral, p = inf, master copies, kernel="torch", CUDA shards split over ranks) steps
+        # here, DTensor parameters on their local shards: moga.optim.sharded.
         targets = self._targets(params)
         rounding.append((params, targets))
         targets = [local(t) for t in targets]
