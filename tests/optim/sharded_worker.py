@@ -84,7 +84,8 @@ def fsdp_case(name: str, mesh) -> dict:
     n_matrices = sum(1 for e in opt.plan if e.role in MATRIX_ROLES)
     geometries = [(e, parse_geometry(e.geometry)) for e in opt.plan if e.update == "lmo"]
     local_steps = sum(1 for e, g in geometries if covers(g) and steps_locally(e.param, g, as_layout(e.layout)))
-    return {"kernel_calls": kernel_logs[-1].ops, "local_steps": local_steps, "diff": diffs[worst], "worst": worst, "diffs": {k: v for k, v in diffs.items() if v}, "state_sharded": state_ok, "calls": logs[-1].calls, "matrices": n_matrices,
+    return {"diff": diffs[worst], "worst": worst, "diffs": {k: v for k, v in diffs.items() if v}, "state_sharded": state_ok, "calls": logs[-1].calls, "matrices": n_matrices,
+            "kernel_calls": kernel_logs[-1].ops, "local_steps": local_steps,
             "matrix_bytes": sum(e.param.numel() * 4 for e in opt.plan if e.role in MATRIX_ROLES),
             "columns": sum(e.param.shape[1] for e in opt.plan if e.role in MATRIX_ROLES),
             "matrix_groups": len({e.role for e in opt.plan if e.role in MATRIX_ROLES}),

@@ -103,7 +103,8 @@ def _worker(rank: int, world: int, init_file: str, out: str, blocks: int, vocab:
         matrices = [p for n, p in model.named_parameters() if n != "wte.weight"]
         records.append({
             "name": name, "ms": statistics.median(times[name]), "ms_min": min(times[name]), "ms_rounds": times[name],
-            "kernel": kernel_path(opt), "state_bytes": state_bytes(opt), "collectives": log.counts(), "bytes_rank0": log.bytes if rank == 0 else None,
+            "kernel": kernel_path(opt), "state_bytes": state_bytes(opt), "collectives": log.counts(),
+            "bytes_rank0": log.bytes if rank == 0 else None,
             "bytes_all_ranks": int(sent.item()), "matrices": len(matrices),
             "matrix_bytes": sum(p.numel() * p.element_size() for p in matrices),
             "fan_in_floats": sum(p.shape[1] for p in matrices),

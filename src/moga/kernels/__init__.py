@@ -1,10 +1,10 @@
 """Fused optimizer steps: one pass per row for the row, col, sign and embedding geometries.
 
-``kernel="cpp"`` runs the C++ kernel (``lmo_step.cpp``, JIT-built on first use) on CPU tensors (and on the
-local shards of FSDP2 parameters, where rows or columns split over ranks step in two calls around an
-all-reduce: :func:`fused_split_step_`) and a ``torch.compile``'d step on CUDA tensors; ``"torch"`` the plain path of :mod:`moga.geometry`; ``"auto"``
-the fused kernel where it can be had, else the plain path with a one-line warning. ``reference.py``
-is the same step in plain torch, tested equal to both.
+``kernel="cpp"`` runs the C++ kernel (``lmo_step.cpp``, JIT-built on first use) on CPU tensors, the
+local shards of FSDP2 parameters included (rows or columns split over ranks step in two calls around an
+all-reduce: :func:`fused_split_step_`), and a ``torch.compile``'d step on CUDA tensors; ``"torch"`` the
+plain path of :mod:`moga.geometry`; ``"auto"`` the fused kernel where it can be had, else the plain path
+with a one-line warning. ``reference.py`` is the same step in plain torch, tested equal to both.
 """
 
 from __future__ import annotations

@@ -96,9 +96,10 @@ class GeometryOptimizer(Optimizer):
     use master weights for bf16 training. bfloat16 state on float32 parameters: 1.9e-3 (2.3e-5) after 10
     MOGA steps.
     Kernels. ``kernel="auto"`` (default) runs the fused one-pass step of :mod:`moga.kernels` (C++ on CPU,
-    compiled on CUDA) for the row, col, sign and embedding groups it covers, FSDP2 shards included, and falls back to the plain
-    path, with a one-line warning, when it cannot be built; ``"cpp"`` insists on it, ``"torch"`` never
-    uses it. It keeps the non-finite semantics above (a skipped step leaves everything untouched).
+    compiled on CUDA) for the row, col, sign and embedding groups it covers, FSDP2 shards included, and
+    falls back to the plain path, with a one-line warning, when it cannot be built; ``"cpp"`` insists on
+    it, ``"torch"`` never uses it. It keeps the non-finite semantics above (a skipped step leaves
+    everything untouched).
     """
 
     role_geometries: Mapping[str, str] = {}
