@@ -20,7 +20,7 @@ from moga.geometry import parse_geometry
 from moga.kernels import FusedCalls, covers
 from moga.layout import as_layout
 from moga.optim import MOGA, Muon, ScaledAdamW
-from moga.optim.sharded import steps_locally
+from moga.optim.sharded import reduce_key
 from moga.roles import MATRIX_ROLES
 
 STEPS = 5
@@ -83,7 +83,7 @@ def fsdp_case(name: str, mesh) -> dict:
     )
     n_matrices = sum(1 for e in opt.plan if e.role in MATRIX_ROLES)
     geometries = [(e, parse_geometry(e.geometry)) for e in opt.plan if e.update == "lmo"]
-    local_steps = sum(1 for e, g in geometries if covers(g) and steps_locally(e.param, g, as_layout(e.layout)))
+    local_steps = sum(1 for e, g in geometries if covers(g) and reduce_key(e.param, g, as_layout(e.layout)) is None)
     return {"diff": diffs[worst], "worst": worst, "diffs": {k: v for k, v in diffs.items() if v}, "state_sharded": state_ok, "calls": logs[-1].calls, "matrices": n_matrices,
             "kernel_calls": kernel_logs[-1].ops, "local_steps": local_steps,
             "matrix_bytes": sum(e.param.numel() * 4 for e in opt.plan if e.role in MATRIX_ROLES),

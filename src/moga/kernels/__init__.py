@@ -172,7 +172,8 @@ def fused_split_step_(
     reduce(sums, "sum")
     reduce(tops, "max")
     sizes = [x[0].numel() for x in parts]
-    combined = [torch.stack([s, t]).to(x.dtype).view_as(x) for s, t, x in zip(sums.split(sizes), tops.split(sizes), parts)]
+    combined = [torch.stack([s, t]).to(x.dtype).view_as(x)
+                for s, t, x in zip(sums.split(sizes), tops.split(sizes), parts)]
     flags = lib.lmo_apply(ws, gs, ms, found_inf, shapes, scales, combined, p_common, beta, nesterov,
                           1 - lr * weight_decay)
     for i, k in enumerate(work):  # rare; the flags come from combined sums, so every rank agrees

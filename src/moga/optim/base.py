@@ -152,8 +152,7 @@ class GeometryOptimizer(Optimizer):
         super().__init__(params, defaults)
         # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
         for device in {local(p).device for plan, group in zip(self._plans, self.param_groups)
-                       if group["update"] == "lmo" and covers(plan.geometry) for p in group["params"]
-                       if sharded.steps_locally(p, plan.geometry, plan.layout(p))}:
+                       if group["update"] == "lmo" and covers(plan.geometry) for p in group["params"]}:
             fused_available(self.kernel, device)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -255,9 +254,9 @@ class GeometryOptimizer(Optimizer):
         return whole
 
     def _fused_lmo_step(self, plan: GroupPlan, group, params, ok) -> list[torch.Tensor]:
-        """The fused kernel on the parameters it covers, plain tensors and the local shards of DTensors
-        that step locally (a skipped step, ``ok`` False, leaves them untouched inside the kernel, without a
-        host read); returns the parameters left to the plain path."""
+        """The fused kernel on the parameters it covers, plain tensors and the local shards of DTensors (a
+        skipped step, ``ok`` False, leaves them untouched inside the kernel, without a host read); returns
+        the parameters left to the plain path."""
         lr, momentum = group["lr"], group["momentum"]
         # Local steps (plain tensors, shards that hold whole rows or columns) in one call; shards whose rows
         # or columns are split over ranks (col on FSDP2's Shard(0)) per set of ranks that combine their sums.

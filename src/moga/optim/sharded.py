@@ -7,8 +7,9 @@ and vector: none, spectral: the whole matrix). On a ``DTensor`` parameter every 
   under row, sign, embedding, vector). No collective at all, and the fused kernel of :mod:`moga.kernels`
   steps the local shards as it steps plain tensors (FSDP2's ``CPUOffloadPolicy`` runs it on the CPU).
 - **reduce**: a reduced dim is sharded (col on a row-sharded Linear, a user's ``Shard(1)`` under row). The
-  geometry's per-row or per-column partial sums are all-reduced over the mesh dims that shard it (one small
-  all-reduce per matrix, never the matrix).
+  geometry's per-row or per-column partial sums are all-reduced over the mesh dims that shard it, never the
+  matrix: on CPU shards the fused kernel's sums and maxima, one all-reduce each per param group
+  (:func:`moga.kernels.fused_split_step_`); on the plain path one small all-reduce per matrix.
 - **gather** (spectral): the matrices are split among the ranks of the shard group; one all-to-all sends each
   matrix's shards to its owner, which orthogonalizes it, and a second sends the update's slices back (as in
   microsoft/dion). Each matrix crosses the network once per step in total, whatever the number of ranks.
@@ -116,12 +117,6 @@ def _reduced_mesh_dims(p: torch.Tensor, geometry, layout: Layout | None) -> list
         return []
     shards = sharded_dims(p)
     return sorted({m for d in geometry.reduced_dims(layout) for m in shards.get(d, ())})
-
-
-def steps_locally(p: torch.Tensor, geometry, layout: Layout | None) -> bool:
-    """The step on each local shard is exact by itself (no partial sums to combine): a plain tensor, or a
-    DTensor whose sharded dims the geometry does not reduce over (row on FSDP2's ``Shard(0)``)."""
-    return not _reduced_mesh_dims(p, geometry, layout)
 
 
 def reduce_key(p: torch.Tensor, geometry, layout: Layout | None) -> tuple | None:
