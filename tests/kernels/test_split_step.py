@@ -38,6 +38,26 @@ class TwoRanks:
         return reduce
 
 
+def on_two_ranks(ranks: TwoRanks, step) -> None:
+    """``step(r)`` on two threads; an error in either is raised here (the other's barrier is broken)."""
+    errors = []
+
+    def rank(r):
+        try:
+            step(r)
+        except BaseException as e:  # re-raised in the test's thread
+            errors.append(e)
+            ranks.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def whole_and_split(spec, shape, cut, dtype, momentum, nesterov, wd, extreme=None, steps=3):
     """W after ``steps`` steps on the whole matrix and on its two parts (cut along the normalized axis at
     ``cut``), and the reductions each part made."""
@@ -64,26 +84,14 @@ def whole_and_split(spec, shape, cut, dtype, momentum, nesterov, wd, extreme=Non
     ranks = TwoRanks()
     shard_layout = ShardLayout("oi", tuple(shape))  # the factors of the whole matrix
 
-    errors = []
-
     def rank(r):
-        try:
-            for g in grads:
-                local_grad = g.tensor_split([cut], dim=axis)[r].contiguous()
-                left = fused_split_step_(geometry, [shard_layout], [parts[r]], [local_grad], [bufs[r]] if momentum else None,
-                                         0.1, momentum, nesterov, wd, ranks.reduce_for(r))
-                assert left == [], left
-        except BaseException as e:  # re-raised in the test's thread
-            errors.append(e)
-            ranks.barrier.abort()
+        for g in grads:
+            local_grad = g.tensor_split([cut], dim=axis)[r].contiguous()
+            left = fused_split_step_(geometry, [shard_layout], [parts[r]], [local_grad], [bufs[r]] if momentum else None,
+                                     0.1, momentum, nesterov, wd, ranks.reduce_for(r))
+            assert left == [], left
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    on_two_ranks(ranks, rank)
     return whole, torch.cat(parts, dim=axis), ranks.ops
 
 
@@ -114,3 +122,21 @@ def test_an_empty_part_still_takes_part(built):
     whole, split, ops = whole_and_split("col(q=2)", (5, 8), 5, torch.float32, 0.9, False, 0.0, extreme=True)
     assert (whole - split).abs().max().item() <= 1e-6 * whole.abs().max().item()
     assert ops[0] == ops[1] and len(ops[0]) == 3 * 3  # the exact step's sum too, on the empty part as well
+
+
+def test_a_skipped_step_touches_nothing_and_still_reduces(built):
+    """found_inf set (a non-finite gradient on some rank): W and m stay bitwise as they were, and both
+    ranks still make the same reductions, so no rank waits for a collective the other skipped."""
+    geometry, shape = parse_geometry("col(q=2)"), (9, 6)
+    gen = torch.Generator().manual_seed(4)
+    parts = [torch.randn(shape, generator=gen) for _ in (0, 1)]
+    bufs = [torch.randn(shape, generator=gen) for _ in (0, 1)]
+    grads = [torch.randn(shape, generator=gen) for _ in (0, 1)]
+    grads[1][2, 3] = float("nan")
+    before = [t.clone() for t in parts + bufs]
+    ranks = TwoRanks()
+    on_two_ranks(ranks, lambda r: fused_split_step_(
+        geometry, [ShardLayout("oi", (18, 6))], [parts[r]], [grads[r]], [bufs[r]], 0.1, 0.9, False, 0.1,
+        ranks.reduce_for(r), found_inf=torch.ones(())))
+    assert all(torch.equal(a, b) for a, b in zip(parts + bufs, before))
+    assert ranks.ops[0] == ranks.ops[1] == [("sum", 6), ("max", 6)]

@@ -206,18 +206,22 @@ def ddp_gpt_case() -> dict:
     return {"diff": diff, "calls": logs[-1].calls}
 
 
-def nonfinite_case(mesh) -> dict:
-    """A NaN in one rank's shard only: both ranks skip the step."""
+def nonfinite_case(mesh, geometry: str) -> dict:
+    """A NaN in one rank's shard only: both ranks skip the step, weights and momentum untouched (col on
+    Shard(0) also makes its all-reduces of column sums on both ranks, so neither waits for the other)."""
     w = torch.ones(4, 6)
     p = nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)]))
-    opt = MOGA([p], lr=0.1, geometry="row(p=2)")
-    g = torch.ones(4, 6)
-    grad = distribute_tensor(g, mesh, [Shard(0)])
+    opt = MOGA([p], lr=0.1, geometry=geometry)
+    p.grad = distribute_tensor(torch.ones(4, 6), mesh, [Shard(0)])
+    opt.step()
+    before = (p.full_tensor().clone(), opt.state[p]["momentum_buffer"].full_tensor().clone())
+    grad = distribute_tensor(torch.ones(4, 6), mesh, [Shard(0)])
     if dist.get_rank() == 1:
         grad.to_local()[0, 0] = float("nan")
     p.grad = grad
     opt.step()
-    return {"skipped": opt.skipped_steps, "unchanged": bool((p.full_tensor() == w).all())}
+    after = (p.full_tensor(), opt.state[p]["momentum_buffer"].full_tensor())
+    return {"skipped": opt.skipped_steps, "unchanged": all(torch.equal(a, b) for a, b in zip(before, after))}
 
 
 def run(rank: int, world: int, init_file: str, out: str) -> None:
@@ -249,7 +253,8 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
         record(f"uneven/{geometry}", lambda: uneven_case(geometry, mesh))
     record("ddp/muon", ddp_muon_case)
     record("ddp/gpt", ddp_gpt_case)
-    record("nonfinite", lambda: nonfinite_case(mesh))
+    for geometry in ("row(p=2)", "col(q=2)"):
+        record(f"nonfinite/{geometry}", lambda: nonfinite_case(mesh, geometry))
 
     def bad(geometry, placements):
         t = distribute_tensor(torch.zeros(4, 6), mesh, [Shard(0)])
