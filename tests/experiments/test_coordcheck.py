@@ -70,3 +70,22 @@ def test_cli_on_a_user_factory(tmp_path):
     assert "== moga:vectors=sign;p=2.0: all layers flat" in result.stdout
     assert "== adamw: 2 blows up" in result.stdout and "4 blows up" in result.stdout
     assert (tmp_path / "coordcheck_moga_vectors_sign_p_2.0.png").is_file() and (tmp_path / "coordcheck.json").is_file()
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_no_import_refuses_a_factory_before_importing_it(tmp_path, monkeypatch, how):
+    import sys
+
+    from typer.testing import CliRunner
+
+    from moga.cli import app
+
+    marker = tmp_path / "imported"
+    (tmp_path / "hostile_factory.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef d(width): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MOGA_NO_IMPORT", "1" if how == "env" else "")
+    flag = ["--no-import"] if how == "flag" else []
+    result = CliRunner().invoke(app, ["coordcheck", "--model", "hostile_factory:d", "--widths", "16,32",
+                                      "--steps", "1", "-o", str(tmp_path / "out"), *flag])
+    assert result.exit_code == 2 and "refused" in result.output, result.output
+    assert not marker.exists() and "hostile_factory" not in sys.modules

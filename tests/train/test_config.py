@@ -161,6 +161,27 @@ def test_no_import_refuses_factories_outside_moga(tmp_path, monkeypatch):
     assert model_kwargs(build_config(tiny(model={"name": "moga.models:ResidualMLP"})))  # moga's own: allowed
 
 
+def test_no_import_allows_only_registered_models_even_inside_moga(tmp_path, monkeypatch):
+    """Any moga module can do harm when called with a config's keys: save_checkpoint writes a file."""
+    target = tmp_path / "written.pt"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MOGA_NO_IMPORT", "")
+    out = CliRunner().invoke(_app(), ["train", "model.name=moga.train.checkpoint:save_checkpoint",
+                                      f"model.path={target}", "model.state={}", "train.steps=1", "--no-import",
+                                      "-o", str(tmp_path / "run")])
+    assert out.exit_code == 2 and "refused" in out.output and "residual_mlp" in out.output, out.output
+    assert not target.exists()
+    monkeypatch.setenv("MOGA_NO_IMPORT", "1")
+    for name in ("moga.train.checkpoint:save_checkpoint", "moga:__version__", "moga.models:build_model"):
+        with pytest.raises(ConfigError, match="refused"):
+            model_kwargs(build_config(tiny(model={"name": name})))
+    from moga.models import GPT, CifarResNet
+    from moga.train.build import model_factory
+
+    assert model_factory("moga.models:GPT") is GPT  # registered, however spelt
+    assert model_factory("moga.models.resnet:CifarResNet") is CifarResNet and model_factory("gpt") is GPT
+
+
 def test_a_saved_config_builds_the_same_task(tmp_path):
     """config.yaml lists every key (unset ones as null); reloading it must not pass those to the loader."""
     from moga.train import load_config

@@ -105,6 +105,9 @@ def problem_factory(name: str) -> Callable[..., Problem]:
         return FAMILIES[name]
     if ":" not in name:
         raise ValueError(f"unknown model {name!r}; use one of {', '.join(FAMILIES)} or 'package.module:factory'")
+    from moga.train.build import refuse_import
+
+    refuse_import(name, "--model", ", ".join(FAMILIES))
     module, _, attr = name.partition(":")
     try:
         factory = getattr(importlib.import_module(module), attr)
@@ -407,9 +410,15 @@ def coordcheck_command(
     judge: str = typer.Option(",".join(JUDGED), help="quantities the verdict judges: update, output, norm"),
     seed: int = typer.Option(0),
     out: Path = typer.Option(Path("runs/coordcheck"), "--out", "-o", help="figures and coordcheck.json go here"),
+    no_import: bool = typer.Option(False, "--no-import", help="refuse a package.module:factory model (it would "
+                                   "import and run code); also MOGA_NO_IMPORT=1"),
 ) -> None:
     """muP's coordinate check: per layer, output RMS, update effect and update norm against width after
     each of a few steps; slopes of log RMS vs log width, and a verdict per layer."""
+    if no_import:
+        from moga.train.cli import refuse_imports
+
+        refuse_imports()
     names = [o.strip() for o in optim.split(",") if o.strip()]
     lrs = {o: lr for o in names} if lr is not None else None
     try:

@@ -22,7 +22,7 @@ def sweep(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
     rebuild: bool = typer.Option(False, "--rebuild", help="set a damaged sweep.db aside and rebuild the store from "
                                  "the cells' run directories (finished cells are not run again)"),
-    no_import: bool = typer.Option(False, "--no-import", help="refuse model factories outside moga (a config is "
+    no_import: bool = typer.Option(False, "--no-import", help="refuse every package.module:factory model (a config is "
                                    "code: see moga train --help); also MOGA_NO_IMPORT=1"),
 ) -> None:
     """Run every cell of a learning-rate sweep; re-running resumes it, and several processes can share it.

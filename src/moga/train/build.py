@@ -25,17 +25,39 @@ from .config import ConfigError, RunConfig
 # --- model ---------------------------------------------------------------------------------------
 
 def imports_refused() -> bool:
-    """MOGA_NO_IMPORT (set by --no-import): a config may not import code from outside moga."""
+    """MOGA_NO_IMPORT (set by --no-import): a config may name only registered models, data and optimizers."""
     return os.environ.get("MOGA_NO_IMPORT", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def refuse_import(name: str, key: str, valid: str) -> None:
+    """Under --no-import, a ``module:factory`` name is refused before anything is imported: every module can
+    do harm when called with a config's arguments (``moga.train.checkpoint:save_checkpoint`` writes a file)."""
+    if imports_refused():
+        raise ConfigError(f"{key}={name!r} would import and call {name.partition(':')[2]!r} from "
+                          f"{name.partition(':')[0]!r}; refused because imports are off (--no-import or "
+                          f"MOGA_NO_IMPORT). Use a registered name ({valid}), or allow imports for a config "
+                          "you trust")
+
+
+def _registered_spelling(name: str):
+    """The registered model that ``module:Class`` names exactly (moga.models:GPT), or None."""
+    from moga.models import MODELS
+
+    for cls in MODELS.values():
+        if name in (f"moga.models:{cls.__name__}", f"{cls.__module__}:{cls.__qualname__}"):
+            return cls
+    return None
 
 
 def model_factory(name: str):
     if ":" in name:
         module, _, attr = name.partition(":")
-        if imports_refused() and module != "moga" and not module.startswith("moga."):
-            raise ConfigError(f"model.name={name!r} would import and call code from {module!r}; refused because "
-                              "imports are off (--no-import or MOGA_NO_IMPORT). Use a built-in model, or allow "
-                              "imports for a config you trust")
+        registered = _registered_spelling(name)
+        if registered is not None:
+            return registered
+        from moga.models import MODELS
+
+        refuse_import(name, "model.name", ", ".join(MODELS))
         try:
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:

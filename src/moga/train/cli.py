@@ -79,9 +79,9 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; print only the result."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit."),
     keys: bool = typer.Option(False, "--keys", help="List every config key with its default and meaning, and exit."),
-    no_import: bool = typer.Option(False, "--no-import", help="Refuse model.name='package.module:factory' outside "
-                                   "moga: a config from an untrusted source cannot import or run code (also: "
-                                   "environment variable MOGA_NO_IMPORT=1)."),
+    no_import: bool = typer.Option(False, "--no-import", help="Refuse every model.name='package.module:factory', "
+                                   "moga's own modules too: a config from an untrusted source cannot import or run "
+                                   "code (also: environment variable MOGA_NO_IMPORT=1)."),
 ) -> None:
     """Train a model; its run directory gets config.yaml, metrics.jsonl, checkpoint.pt and result.json."""
     if no_import:
@@ -132,7 +132,7 @@ moga.train CONFIG [KEY=VALUE]... gives the result of one process with the same g
 A config is code. model.name "package.module:factory" imports that module and calls the factory with
 the model keys, so a config can run anything ("os:system" runs a command): treat a config from an
 untrusted source like a script. --no-import (or MOGA_NO_IMPORT=1 in the environment, which sweep workers
-inherit) refuses every factory outside moga; the built-in models still work.
+inherit) refuses every factory: a config may name only the registered models, data and optimizers.
 
 Config keys (section.key = default: meaning):
 """
