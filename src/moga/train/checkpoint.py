@@ -31,8 +31,9 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed: corrupted, from another program or version, or another config."""
 
 
-def _restart_hint(path: Path) -> str:
-    return (f"Delete it to start the run over (rm {path}), or put back an earlier copy of it if you kept one; "
+def restart_hint(path: Path) -> str:
+    remove = f"rm -r {path}" if path.is_dir() else f"rm {path}"
+    return (f"Delete it to start the run over ({remove}), or put back an earlier copy of it if you kept one; "
             "then run the same command again.")
 
 
@@ -89,7 +90,7 @@ def load_checkpoint(path: str | Path, config: dict | None = None, config_hash: s
     """Load and check a checkpoint; with ``config_hash`` it must come from that config."""
     path = Path(path)
     if path.is_file() and path.stat().st_size == 0:
-        raise CheckpointError(f"{path} is corrupted: it is empty (0 bytes). {_restart_hint(path)}")
+        raise CheckpointError(f"{path} is corrupted: it is empty (0 bytes). {restart_hint(path)}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -97,7 +98,7 @@ def load_checkpoint(path: str | Path, config: dict | None = None, config_hash: s
     except Exception as e:  # a truncated zip, garbage bytes, a pickle of something else
         first = (str(e).strip().splitlines() or ["no message"])[0][:200]
         raise CheckpointError(f"{path} is corrupted or not a checkpoint ({type(e).__name__}: {first}). "
-                              f"{_restart_hint(path)}") from None
+                              f"{restart_hint(path)}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a moga training checkpoint (no {FORMAT!r} format tag)")
     if state.get("version") != VERSION:
@@ -105,7 +106,7 @@ def load_checkpoint(path: str | Path, config: dict | None = None, config_hash: s
                               f"this moga reads version {VERSION}")
     if CHECKSUM in state and state[CHECKSUM] != checksum(state):  # checkpoints before the checksum have none
         raise CheckpointError(f"{path} is corrupted: its contents do not match the SHA-256 stored with them "
-                              f"(a changed bit on disk or in transfer). {_restart_hint(path)}")
+                              f"(a changed bit on disk or in transfer). {restart_hint(path)}")
     missing = [k for k in REQUIRED if k not in state]
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, restart_hint, save_checkpoint
 
 DIRECTORY, ENGINE = "checkpoint.dcp", "engine.pt"
 IN_DCP = "torch.distributed.checkpoint"  # what engine.pt holds for the model and optimizer: look there
@@ -95,21 +94,41 @@ def load_engine_state(path: str | Path, config: dict | None = None, config_hash:
     return state
 
 
+def _read_into(found: Path, state: dict, planner, no_dist: bool = False) -> None:
+    """``dcp.load`` through moga's safe reader and planner; every failure becomes one CheckpointError."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from .dcp_reader import SafeReader, first_failure
+
+    try:
+        if no_dist:  # into an empty dict, filled from the metadata (dcp.load would fill a copy)
+            _load_state_dict(state, storage_reader=SafeReader(found), planner=planner, no_dist=True)
+        else:
+            dcp.load(state, storage_reader=SafeReader(found), planner=planner)
+    except (Exception, CheckpointException) as e:  # a missing or truncated shard file, another model's keys
+        cause = first_failure(e)
+        if isinstance(cause, CheckpointError):
+            raise cause from None
+        first = (str(cause).strip().splitlines() or ["no message"])[0][:300]
+        raise CheckpointError(f"{found} is corrupted or does not fit this model and optimizer "
+                              f"({type(cause).__name__}: {first}). {restart_hint(found)}") from None
+
+
 def load_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Every rank calls this: load the model and optimizer shards into the sharded model (any process count)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from .dcp_reader import SafeLoadPlanner, read_metadata
 
     found = find_sharded(path)
     if found is None:
         raise CheckpointError(f"{path} holds no complete sharded checkpoint")
+    read_metadata(found)  # refused here, before DCP reads it (and logs its tracebacks)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    try:
-        dcp.load(state, checkpoint_id=str(found))
-    except Exception as e:  # a missing or truncated shard file, or another model's keys
-        raise CheckpointError(f"{found} cannot be loaded into this model and optimizer "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
+    _read_into(found, state, SafeLoadPlanner(found))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
@@ -118,12 +137,12 @@ def consolidate(path: str | Path) -> dict:
 
     For inspection and export: ``consolidate("runs/x/checkpoint.dcp")["model"]`` is a plain state dict.
     """
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from .dcp_reader import SafeEmptyLoadPlanner, read_metadata
 
     found = find_sharded(path)
     if found is None:
         raise CheckpointError(f"{path} holds no complete sharded checkpoint")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "full.pt"
-        dcp_to_torch_save(str(found), str(out))
-        return torch.load(out, map_location="cpu", weights_only=True)
+    read_metadata(found)
+    state: dict = {}
+    _read_into(found, state, SafeEmptyLoadPlanner(found), no_dist=True)
+    return state
