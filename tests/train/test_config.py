@@ -182,6 +182,49 @@ def test_no_import_allows_only_registered_models_even_inside_moga(tmp_path, monk
     assert model_factory("moga.models.resnet:CifarResNet") is CifarResNet and model_factory("gpt") is GPT
 
 
+def _alias_bomb(levels: int) -> str:
+    """Billion laughs: each level lists the one before nine times, so 9**levels values from ~60 bytes a level."""
+    lines = ['  l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "model:\n  name: residual_mlp\n" + "\n".join(lines) + "\ntrain: {steps: 1}\n"
+
+
+def test_yaml_alias_bombs_and_huge_files_are_refused(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb(6))  # 531441 values under model.<arg> (the reported one had 9**9)
+    with pytest.raises(ConfigError, match="aliases are expanded"):
+        load_config(path)
+    path.write_text(_alias_bomb(5))  # 59049 values: a large config, but a config
+    assert len(load_config(path).model.kwargs) == 5
+    with pytest.raises(ConfigError, match="aliases are expanded"):
+        load_config(None, ["train.steps=1", "model.x=[&a [1,1,1,1,1,1,1,1,1,1], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+                                            "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
+                                            "[*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]]"])
+    path.write_text("train: {steps: 1}\n" + "#" * (2 << 20))
+    with pytest.raises(ConfigError, match="is not a config"):
+        load_config(path)
+
+
+def test_a_key_given_twice_is_an_error(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("optim:\n  lr: 0.1\n  name: moga\n  lr: 0.2\ntrain: {steps: 1}\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'lr' \(first given on line 2\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="duplicate key 'a'"):
+        load_config(None, ["train.steps=1", "model.x={a: 1, a: 2}"])
+    path.write_text("train: &t {steps: 1, batch_size: 8}\neval:\n  every: 0\noptim:\n  lr: 0.1\n")
+    assert load_config(path).optim.lr == 0.1  # anchors alone are fine
+
+
+@pytest.mark.parametrize("override", ["train.steps=true", "seed=false", "optim.lr=true", "train.batch_size=on",
+                                      "eval.every=yes", "model.k_base=true", "optim.smoothness=true"])
+def test_booleans_are_not_numbers(override):
+    with pytest.raises(ConfigError, match="is a boolean, which this key does not take"):
+        load_config(None, ["train.steps=3", override])
+    cfg = load_config(None, ["train.steps=3", "train.compile=true", "optim.name=sgd", "optim.nesterov=false"])
+    assert cfg.train.compile is True and cfg.optim.nesterov is False  # keys that take booleans still do
+
+
 def test_a_saved_config_builds_the_same_task(tmp_path):
     """config.yaml lists every key (unset ones as null); reloading it must not pass those to the loader."""
     from moga.train import load_config

@@ -14,12 +14,14 @@ import hashlib
 import json
 import math
 import re
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS
 
@@ -42,8 +44,27 @@ def _keys(keys: list[str]) -> str:
     return f"{keys[0]} does not apply" if len(keys) == 1 else f"{', '.join(keys)} do not apply"
 
 
+def _takes_bool(annotation) -> bool:
+    if annotation is bool:
+        return True
+    if typing.get_origin(annotation) is Literal:
+        return any(isinstance(v, bool) for v in typing.get_args(annotation))
+    return any(_takes_bool(a) for a in typing.get_args(annotation))
+
+
+def _no_bool_for_numbers(cls, value, info: ValidationInfo):
+    """pydantic reads true as 1 for an int or float key: train.steps=true would run one step."""
+    if isinstance(value, bool) and info.field_name in cls.model_fields:
+        if not _takes_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{str(value).lower()} is a boolean, which this key does not take (YAML also reads "
+                             "yes/no/on/off as booleans)")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    _no_bool = field_validator("*", mode="before")(classmethod(_no_bool_for_numbers))
 
 
 # --- sections ------------------------------------------------------------------------------------
@@ -68,6 +89,8 @@ class ModelConfig(BaseModel):
         "none", description="residual branch scale: none (alpha=1) or inverse_depth (alpha = k_base/K, or beta/K)")
     k_base: float = Field(2.0, gt=0, description="K_base in alpha = K_base/K (the depth paper uses 2)")
     beta: float | None = Field(None, gt=0, description="alpha = beta/K; overrides k_base when set")
+
+    _no_bool = field_validator("*", mode="before")(classmethod(_no_bool_for_numbers))
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -370,8 +393,28 @@ def config_diff(a: RunConfig | Mapping, b: RunConfig | Mapping, *, hashed_only: 
 
 # --- loading -------------------------------------------------------------------------------------
 
+# A config is small: these caps refuse a hostile file (a billion-laughs alias bomb is 1 KB of YAML that
+# expands to 10^9 values) in milliseconds instead of minutes and gigabytes later.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000
+
+
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads 1e-3 as a string; learning rates are written that way, so read them as floats."""
+    """YAML 1.1 reads 1e-3 as a string; learning rates are written that way, so read them as floats.
+    A key given twice is an error (YAML would silently keep the last value)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {seen[key].line + 1}): give each key "
+                    "once", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -381,10 +424,33 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _check_expanded_size(data: Any, where: str) -> None:
+    """Aliases share one object however often they are used; count the values as if each use were a copy."""
+    budget, stack = MAX_CONFIG_VALUES, [data]
+    while stack:
+        node = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise ConfigError(f"{where}: more than {MAX_CONFIG_VALUES} values once YAML aliases are expanded "
+                              "(an alias bomb?); a config is a few hundred values at most")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    data = yaml.load(text, Loader=_Loader)
+    _check_expanded_size(data, where)
+    return data
+
+
 def parse_value(text: str) -> Any:
     """An override value as a YAML scalar (or flow list/dict): 0.1, 1e-3, true, null, [0.9, 0.95], adamw."""
     try:
-        return yaml.load(text, Loader=_Loader)
+        return _load_yaml(text, f"override value {text[:40]!r}")
+    except yaml.constructor.ConstructorError as e:
+        raise ConfigError(f"override value {text!r}: {e.problem}") from None
     except yaml.YAMLError:
         return text
 
@@ -393,7 +459,13 @@ def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
-    text = path.read_text(encoding="utf-8")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size} bytes is not a config (the limit is {MAX_CONFIG_BYTES} bytes)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
     if path.suffix.lower() == ".toml":
         try:
             import tomllib
@@ -409,7 +481,7 @@ def read_config_file(path: str | Path) -> dict:
             raise ConfigError(f"{path}: invalid TOML: {e}") from None
     else:
         try:
-            data = yaml.load(text, Loader=_Loader)
+            data = _load_yaml(text, str(path))
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if data is None:
