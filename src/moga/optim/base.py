@@ -312,7 +312,7 @@ class GeometryOptimizer(Optimizer):
         count = 1.0 if ok is None else ok.to(torch.float32)  # a skipped step is not counted
         for step in steps:
             step.add_(count)
-        if _fused_adamw_applies(params, exp_avgs):
+        if _fused_adamw_applies(params, exp_avgs, exp_avg_sqs):
             self._fused_adam_step(plan, group, params, exp_avgs, exp_avg_sqs, steps, ok)
             return
         # float32 math on float32 copies; the same expressions as torch.optim.AdamW with lr * c.
@@ -329,6 +329,7 @@ class GeometryOptimizer(Optimizer):
         if wd:
             torch._foreach_mul_(shards, _gate(ok, 1 - lr * wd, 1.0))
         for t, p, m, v, step in zip(shards, params, ms, vs, steps):
+            step = step.double()  # bias corrections in float64, as torch.optim.AdamW and the fused kernel
             step_size = _gate(ok, lr * plan.sign_scale(p), 0.0) / (1 - beta1**step)
             denom = torch.sqrt(v).div_(torch.sqrt(1 - beta2**step)).add_(eps)
             t.sub_(m.div(denom).mul_(step_size))
@@ -611,20 +612,47 @@ def _ema_(bufs: list[torch.Tensor], grads: list[torch.Tensor], weight: float, ok
             b.lerp_(torch.where(ok, g, 0.0), w.to(b.dtype))
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """No gaps and no overlaps in memory: its elements fill one block, in some order of the dims."""
+    expected = 1
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _same_memory_order(*lists: list[torch.Tensor]) -> bool:
+    """torch's fused kernels walk every tensor's memory as one flat array and ignore strides: they step
+    element i of one tensor with element i of the others only when all are dense with the same strides
+    (a transposed parameter, or a gradient assigned with other strides, would scramble the state)."""
+    for tensors in zip(*lists):
+        first = tensors[0]
+        order = [s for s, n in zip(first.stride(), first.shape) if n > 1]
+        if not _dense(first) or any(
+                t.shape != first.shape or [s for s, n in zip(t.stride(), t.shape) if n > 1] != order
+                for t in tensors[1:]):
+            return False
+    return True
+
+
 def _fused_sgd_applies(bufs: list[torch.Tensor], grads: list[torch.Tensor]) -> bool:
     if not hasattr(torch, "_fused_sgd_"):
         return False
     device, dtype = bufs[0].device, bufs[0].dtype
     return device.type in ("cpu", "cuda") and all(
-        t.device == device and t.dtype == dtype and type(t) is torch.Tensor for t in (*bufs, *grads))
+        t.device == device and t.dtype == dtype and type(t) is torch.Tensor for t in (*bufs, *grads)
+    ) and _same_memory_order(bufs, grads)
 
 
-def _fused_adamw_applies(params: list[torch.Tensor], exp_avgs: list[torch.Tensor]) -> bool:
+def _fused_adamw_applies(params: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                         exp_avg_sqs: list[torch.Tensor]) -> bool:
     """torch's fused AdamW kernel exists for these tensors: one CPU or CUDA device, one float32 or float64
-    dtype for parameters, gradients and moments (so no master copies either)."""
+    dtype for parameters, gradients and moments (so no master copies either), one memory order."""
     if not hasattr(torch, "_fused_adamw_"):
         return False
     device, dtype = params[0].device, params[0].dtype
     return (device.type in ("cpu", "cuda") and dtype in (torch.float32, torch.float64)
             and all(p.device == device and p.dtype == dtype and p.grad.dtype == dtype for p in params)
-            and all(m.dtype == dtype for m in exp_avgs))
+            and all(m.dtype == dtype for m in exp_avgs)
+            and _same_memory_order([local(p) for p in params], [local(p.grad) for p in params], exp_avgs, exp_avg_sqs))
