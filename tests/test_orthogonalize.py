@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from moga.orthogonalize import CONVERGENT_NS_COEFFICIENTS, newton_schulz, orthogonalize, svd_polar
+from moga.hardware import assume, detected
+from moga.orthogonalize import CONVERGENT_NS_COEFFICIENTS, compute_dtype, newton_schulz, orthogonalize, svd_polar
 
 
 def well_conditioned(m, n, cond=20.0, seed=0):
@@ -49,18 +50,24 @@ def test_svd_polar_drops_null_directions():
     assert torch.equal(svd_polar(torch.zeros(4, 3)), torch.zeros(4, 3))
 
 
-def test_auto_dtype_is_float32_on_cpu_and_bad_dtype_is_an_error():
-    assert newton_schulz(torch.randn(8, 8, dtype=torch.float64)).dtype == torch.float32
-    with pytest.raises(ValueError, match="dtype"):
-        newton_schulz(torch.randn(4, 4), dtype="int8")
+@pytest.mark.parametrize("bf16_units", [False, True], ids=["no-bf16-units", "bf16-units"])
+def test_auto_dtype_follows_the_cpus_bf16_matrix_units(bf16_units):
+    with assume(bf16_matmul=bf16_units):
+        assert compute_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if bf16_units else torch.float32)
+        assert compute_dtype("auto", torch.device("meta")) == torch.bfloat16
+        g = torch.randn(8, 12, dtype=torch.float64)
+        ns = newton_schulz(g)  # computed in the dtype "auto" picks, returned in the input's
+        assert ns.dtype == torch.float64
+        assert torch.equal(ns, newton_schulz(g, dtype=compute_dtype("auto", g.device)).double())
+        assert torch.equal(ns, newton_schulz(g, dtype=torch.bfloat16).double()) is bf16_units
 
 
-def test_auto_dtype_follows_the_cpus_bf16_matrix_units():
-    from moga.orthogonalize import compute_dtype, cpu_has_bf16_matmul
-
+def test_bf16_matmul_is_read_from_the_cpu_flags():
     with open("/proc/cpuinfo") as f:
         flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
-    fast = bool(flags & {"amx_bf16", "avx512_bf16"})
-    assert cpu_has_bf16_matmul() is fast
-    assert compute_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if fast else torch.float32)
-    assert compute_dtype("auto", torch.device("meta")) == torch.bfloat16
+    assert detected().bf16_matmul is bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
+def test_a_bad_dtype_is_an_error():
+    with pytest.raises(ValueError, match="dtype"):
+        newton_schulz(torch.randn(4, 4), dtype="int8")

@@ -7,9 +7,9 @@ For 2-D inputs the operations are the same as torch.optim.Muon's, so the two agr
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
+
+from moga.hardware import facts
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 DEFAULT_NS_STEPS = 5
@@ -18,25 +18,13 @@ NS_EPS = 1e-7
 CONVERGENT_NS_COEFFICIENTS = (1.5, -0.5, 0.0)
 
 
-@lru_cache(maxsize=1)
-def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX-BF16 or AVX512-BF16). Read from
-    the CPU flags: torch's ``get_cpu_capability()`` says "AVX512" with or without them."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:  # not Linux: no cheap way to know, and float32 is never a slow choice
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
 def compute_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"``: bfloat16 on accelerators and on CPUs with bfloat16 matrix units (AMX, AVX512-BF16),
-    float32 on other CPUs, where bfloat16 matmuls are emulated and ~3x slower than float32."""
+    """``"auto"``: bfloat16 on accelerators and on CPUs with bfloat16 matrix units (AMX, AVX512-BF16; see
+    :func:`moga.hardware.facts`), float32 on other CPUs, where bfloat16 matmuls are emulated and ~3x slower."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if device.type != "cpu" or cpu_has_bf16_matmul() else torch.float32
+        return torch.bfloat16 if device.type != "cpu" or facts().bf16_matmul else torch.float32
     try:
         resolved = getattr(torch, dtype)
     except AttributeError:
@@ -53,7 +41,7 @@ def newton_schulz(
     dtype: str | torch.dtype = "auto",
     eps: float = NS_EPS,
 ) -> torch.Tensor:
-    """Approximate U V^T of ``mat`` (..., m, n) in ``dtype``; returned in that dtype."""
+    """Approximate U V^T of ``mat`` (..., m, n), computed in ``dtype`` and returned in ``mat``'s dtype."""
     a, b, c = coefficients
     x = mat.to(compute_dtype(dtype, mat.device))
     tall = mat.size(-2) > mat.size(-1)
@@ -76,7 +64,7 @@ def newton_schulz(
             poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
             x = torch.baddbmm(x, poly, x, beta=a)
         x = x.reshape(*lead, *x.shape[-2:])
-    return x.mT if tall else x
+    return (x.mT if tall else x).to(mat.dtype)
 
 
 def _rescue_extreme(x: torch.Tensor) -> torch.Tensor:

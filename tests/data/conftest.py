@@ -6,16 +6,14 @@ import pytest
 
 from moga.data import load_cifar10
 
-CIFAR_TAR = Path("/work/shared/data/cifar10-jpeg.tar.gz")
-SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")
+from ..conftest import dataset_or_skip
+
 PER_CLASS = 30  # images per class and split in the quick CIFAR subset
 
 
 @pytest.fixture(scope="session")
 def cifar_tar() -> Path:
-    if not CIFAR_TAR.is_file():
-        pytest.skip(f"{CIFAR_TAR} (the development CIFAR-10 JPEG tar) is not on this machine")
-    return CIFAR_TAR
+    return dataset_or_skip("cifar10-jpeg.tar.gz", "the CIFAR-10 JPEG tar")
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +30,4 @@ def cifar_small(cifar_tar, cifar_cache):
 
 @pytest.fixture(scope="session")
 def shakespeare() -> Path:
-    if not SHAKESPEARE.is_file():
-        pytest.skip(f"{SHAKESPEARE} (the development text corpus) is not on this machine")
-    return SHAKESPEARE
+    return dataset_or_skip("tinyshakespeare.txt", "tiny Shakespeare")

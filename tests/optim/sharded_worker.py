@@ -17,6 +17,7 @@ import moga.geometry
 from moga.bench.comm import CommLog
 from moga.models.gpt import GPT, GPTConfig
 from moga.geometry import parse_geometry
+from moga.hardware import assume
 from moga.kernels import FusedCalls, covers
 from moga.layout import as_layout
 from moga.optim import MOGA, Muon, ScaledAdamW
@@ -202,8 +203,9 @@ def ddp_gpt_case() -> dict:
             opt.step()
         opt.zero_grad()
         logs.append(log)
-    diff = max((p - q).abs().max().item() for p, q in zip(model.module.parameters(), ref.parameters()))
-    return {"diff": diff, "calls": logs[-1].calls}
+    diffs = {n: (p - q).abs().max().item() for (n, p), q in zip(model.module.named_parameters(), ref.parameters())}
+    moved = {n: (q - p0).abs().max().item() for (n, q), p0 in zip(ref.named_parameters(), gpt().parameters())}
+    return {"diff": max(diffs.values()), "diffs": diffs, "moved": moved, "calls": logs[-1].calls}
 
 
 def nonfinite_case(mesh, geometry: str) -> dict:
@@ -224,19 +226,7 @@ def nonfinite_case(mesh, geometry: str) -> dict:
     return {"skipped": opt.skipped_steps, "unchanged": all(torch.equal(a, b) for a, b in zip(before, after))}
 
 
-def run(rank: int, world: int, init_file: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (world,))
-    results: dict = {}
-
-    def record(key, fn):
-        try:
-            results[key] = fn()
-        except Exception:  # noqa: BLE001 -- reported to the test, which fails on it
-            results[key] = {"error": traceback.format_exc()}
-
+def cases(record, mesh, world: int) -> None:
     for name in FSDP_CASES:
         record(f"fsdp/{name}", lambda: fsdp_case(name, mesh))
     hsdp = init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard"))
@@ -255,6 +245,27 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
     record("ddp/gpt", ddp_gpt_case)
     for geometry in ("row(p=2)", "col(q=2)"):
         record(f"nonfinite/{geometry}", lambda: nonfinite_case(mesh, geometry))
+
+
+def run(rank: int, world: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world,))
+    results: dict = {}
+
+    def record(key, fn):
+        try:
+            results[key] = fn()
+        except Exception:  # noqa: BLE001 -- reported to the test, which fails on it
+            results[key] = {"error": traceback.format_exc()}
+
+    with assume(bf16_matmul=False):  # Newton-Schulz in float32 on every CPU: equal to one process to 1e-6
+        cases(record, mesh, world)
+    with assume(bf16_matmul=True):  # the branch of CPUs with bf16 units and of GPUs, run on every CPU
+        record("bf16/fsdp/muon", lambda: fsdp_case("muon", mesh))
+        record("bf16/ddp/muon", ddp_muon_case)
+        record("bf16/ddp/gpt", ddp_gpt_case)
 
     def bad(geometry, placements):
         t = distribute_tensor(torch.zeros(4, 6), mesh, [Shard(0)])

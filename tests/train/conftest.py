@@ -3,10 +3,7 @@
 import copy
 from pathlib import Path
 
-import pytest
 import torch
-
-SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -31,19 +28,6 @@ TINY = {
 def tiny(**sections) -> dict:
     """TINY with sections merged in: tiny(optim={"name": "adamw"})."""
     return merge(TINY, sections)
-
-
-@pytest.fixture
-def text_file(tmp_path, monkeypatch) -> Path:
-    """30k characters of tiny Shakespeare (or a stand-in), with the token cache in tmp_path."""
-    monkeypatch.setenv("MOGA_CACHE", str(tmp_path / "cache"))
-    if SHAKESPEARE.is_file():
-        text = SHAKESPEARE.read_text(encoding="utf-8")[:30_000]
-    else:
-        text = "".join(f"To be, or not to be, line {i}: that is the question.\n" for i in range(600))
-    path = tmp_path / "corpus.txt"
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def gpt_config(text_path: Path, **sections) -> dict:

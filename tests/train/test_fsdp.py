@@ -27,7 +27,8 @@ from moga.train.build import build_model
 from moga.train.sharded_checkpoint import DIRECTORY, consolidate, find_sharded, load_sharded
 from moga.train.tasks import build_task
 
-from .conftest import SHAKESPEARE, gpt_config, merge, same_tensors, tiny
+from ..conftest import corpus_text
+from .conftest import gpt_config, merge, same_tensors, tiny
 
 TIMING = ("time", "samples_per_s", "tokens_per_s", "wall_time_s")
 FSDP = {"train": {"parallel": "fsdp"}}
@@ -60,9 +61,7 @@ def configs(text: Path) -> dict:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
-    text = (SHAKESPEARE.read_text(encoding="utf-8")[:30_000] if SHAKESPEARE.is_file()
-            else "".join(f"To be, or not to be, line {i}: that is the question.\n" for i in range(600)))
-    (root / "corpus.txt").write_text(text, encoding="utf-8")
+    (root / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOGA_CACHE", str(root / "cache"))
         yield root

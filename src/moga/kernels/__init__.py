@@ -16,6 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from moga.geometry import Col, Geometry, Row, Sign
+from moga.hardware import facts
 from moga.layout import Layout
 from moga.numerics import Reduce, dual_exponent
 
@@ -32,6 +33,9 @@ def check_kernel(kernel: str) -> str:
 
 
 def _why_unavailable(device_type: str) -> str | None:
+    missing = _missing_tool(device_type)
+    if missing:  # not cached: tests set hardware facts either way
+        return missing
     if device_type not in _unavailable:
         try:
             if device_type == "cpu":
@@ -46,6 +50,15 @@ def _why_unavailable(device_type: str) -> str | None:
         except Exception as e:  # no compiler, a failed build, no triton: all mean "use the plain path"
             _unavailable[device_type] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     return _unavailable[device_type] or None
+
+
+def _missing_tool(device_type: str) -> str | None:
+    have = facts()
+    if device_type == "cpu" and not have.compiler:
+        return "no C++ compiler: install g++ or set $CXX"
+    if device_type == "cuda" and not have.triton:
+        return "triton is not installed"
+    return None
 
 
 def fused_available(kernel: str, device: torch.device) -> bool:
@@ -209,7 +222,7 @@ def _library():
 
 def fused_ready(device: torch.device) -> bool:
     """The fused kernel is already built and loaded for this device (never starts a build)."""
-    return _unavailable.get(device.type) == "" and device.type == "cpu"
+    return _unavailable.get(device.type) == "" and device.type == "cpu" and not _missing_tool("cpu")
 
 
 def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:

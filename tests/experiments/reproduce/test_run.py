@@ -2,7 +2,6 @@
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -11,9 +10,9 @@ from moga.experiments.reproduce.run import judge_panels, reproduce
 from moga.experiments.reproduce.table import END, START, load_outcomes, results_table, update_readme
 from moga.sweep.report import analyze
 
+from ...conftest import dataset_or_skip
 from ...sweep.report.synthetic import parabola_sweep
 
-SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")  # this project's shared data, as in tests/train
 EXPECT = [{"panel": {"scaling": "inverse_depth"}, "verdict": "transfers"},
           {"panel": {"scaling": "none"}, "verdict": "does not transfer"}]
 
@@ -71,9 +70,8 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     race = mini("race", base={"train": {"steps": 12}, "logging": {"log_every": 1}, "checkpoint": {"every": 6},
                               "eval": {"final_window": 4}},
                 axes={"optim.lr": {"by": "optim.name", "values": {"moga": [0.05], "muon": [0.05]}}})
-    if not SHAKESPEARE.is_file():
-        pytest.skip("tiny Shakespeare is not here for the race miniature")
-    result = reproduce(race, runs / "quick" / "race", "quick", workers=2, progress=False, data=str(SHAKESPEARE))
+    shakespeare = dataset_or_skip("tinyshakespeare.txt", "tiny Shakespeare (the race miniature's text)")
+    result = reproduce(race, runs / "quick" / "race", "quick", workers=2, progress=False, data=str(shakespeare))
     # one rate each is no tuning: whoever is faster, the race cannot decide the claim
     assert result["outcome"] == "undecided" and "not decided: moga, muon best lr on the grid's edge" in result["key"]
     assert "reaches loss" in result["key"] and len(result["details"]) == 2

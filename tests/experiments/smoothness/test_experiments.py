@@ -24,11 +24,6 @@ def float64_by_default():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MOGA_CACHE", str(tmp_path / "cache"))  # the GPT's tokenized text
-
-
 def _outputs(out, figure):
     assert (out / figure).stat().st_size > 0
     result = json.loads((out / "results.json").read_text())
@@ -48,7 +43,8 @@ def test_slopes_and_trends():
     assert constant_rates({"steepest": 0.1, "lr_at_min": 0.4}, 1) == [0.4]
 
 
-def test_depth_miniature(tmp_path, cache):
+def test_depth_miniature(tmp_path, text_file, monkeypatch):
+    monkeypatch.setenv("MOGA_TEXT", str(text_file))  # tiny Shakespeare where moga finds it, else the stand-in
     depth_experiment(tmp_path / "d", quick=True, log=lambda s: None)
     result, summary = _outputs(tmp_path / "d", "depth.png")
     rows = result["rows"]
