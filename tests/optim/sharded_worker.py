@@ -93,6 +93,48 @@ def fsdp_case(name: str, mesh) -> dict:
             "placements": sorted({str(p.placements) for p in model.parameters()})}
 
 
+MULTIPLIERS = {"embedding": 0.5, "readout": 2.0, "vector": 4.0}
+
+
+def multipliers_case(mesh) -> dict:
+    """MOGA with role multipliers under a LambdaLR schedule, FSDP2 against one process; then the sharded
+    state dict (DCP's get/set_optimizer_state_dict) into an optimizer built without multipliers."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    from torch.optim.lr_scheduler import LambdaLR
+
+    def make(model, **kw):
+        opt = MOGA(model, lr=0.02, **kw)
+        return opt, LambdaLR(opt, lambda s: 1.0 / (1 + s))
+
+    def steps(model, opt, sched):
+        for step in range(STEPS):
+            _, loss = model(*batch(step))
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+
+    ref, plain = gpt(), gpt()
+    steps(ref, *make(ref, lr_multipliers=MULTIPLIERS))
+    steps(plain, *make(plain))
+    model = gpt()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt, sched = make(model, lr_multipliers=MULTIPLIERS)
+    steps(model, opt, sched)
+    full = [p.full_tensor() for p in model.parameters()]
+    state = get_optimizer_state_dict(model, opt)
+    fresh, _ = make(model)
+    set_optimizer_state_dict(model, fresh, state)
+    return {"diff": max((p - q).abs().max().item() for p, q in zip(full, ref.parameters())),
+            "plain_diff": max((p - q).abs().max().item() for p, q in zip(full, plain.parameters())),
+            "saved": sorted({(g["role"], g["lr_multiplier"], g["lr"]) for g in state["param_groups"]}),
+            "loaded": sorted({(g["role"], g["lr_multiplier"], g["lr"]) for g in fresh.param_groups}),
+            "expected": sorted({(g["role"], m, 0.02 / (1 + STEPS) * m)
+                                for g in opt.param_groups for m in [MULTIPLIERS.get(g["role"], 1.0)]})}
+
+
 def user_placement_case(geometry: str, placement, mesh, extreme: str = "") -> dict:
     """One 12 x 10 matrix sharded as the user says, against the same step on the whole matrix. ``extreme``
     ("rows" or "cols") scales two rows (one in each rank's Shard(0) half) or two columns of the gradient
@@ -229,6 +271,7 @@ def nonfinite_case(mesh, geometry: str) -> dict:
 def cases(record, mesh, world: int) -> None:
     for name in FSDP_CASES:
         record(f"fsdp/{name}", lambda: fsdp_case(name, mesh))
+    record("fsdp-multipliers", lambda: multipliers_case(mesh))
     hsdp = init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard"))
     for name in ("row-p1.5", "muon"):
         record(f"hsdp/{name}", lambda: fsdp_case(name, hsdp))

@@ -47,6 +47,19 @@ def test_fsdp_step_equals_one_process(results, name):
         assert got["state_sharded"]
 
 
+def test_role_multipliers_step_and_save_under_fsdp(results):
+    """Role multipliers under a LambdaLR schedule step the shards as one process does, and DCP's sharded
+    optimizer state dict carries each group's multiplier and lr into an optimizer built without them."""
+    for r in case(results, "fsdp-multipliers"):
+        got = r["fsdp-multipliers"]
+        assert got["diff"] <= TOL, got["diff"]
+        assert got["plain_diff"] > 100 * TOL  # the multipliers changed the run
+        assert [tuple(x[:2]) for x in got["saved"]] == [tuple(x[:2]) for x in got["expected"]]
+        for saved, expected in zip(got["saved"], got["expected"]):
+            assert saved[2] == pytest.approx(expected[2], rel=1e-12)
+        assert got["loaded"] == got["saved"]
+
+
 @pytest.mark.parametrize("name", ["row-p2", "row-p1.5", "sign", "embedding-q3", "scaled-adamw"])
 def test_local_geometries_on_shard0_communicate_only_the_skip_flag(results, name):
     for r in case(results, f"fsdp/{name}"):

@@ -89,3 +89,12 @@ def test_two_scale_keys():
     with pytest.raises(SweepError, match="must be the first of scale_keys"):
         Sweep.from_dict({"base": base, "axes": axes, "scale_key": "model.depth",
                          "scale_keys": ["model.width", "model.depth"]})
+
+
+def test_a_role_lr_multiplier_is_a_sweep_axis():
+    s = sweep(axes={"optim.lr": [0.1], "model.depth": [2], "optim.lr_multipliers.readout": [0.5, 2.0]},
+              overrides={"optim.lr_multipliers": {"vector": 3.0}})
+    assert [s.config(c).optim.lr_multipliers for c in s.cells] == [{"vector": 3.0, "readout": 0.5},
+                                                                    {"vector": 3.0, "readout": 2.0}]
+    with pytest.raises(SweepError, match="optim.lr_multipliers.head"):
+        sweep(axes={"optim.lr": [0.1], "model.depth": [2], "optim.lr_multipliers.head": [0.5]})

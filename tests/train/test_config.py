@@ -260,3 +260,35 @@ def test_offload_needs_fsdp_and_changes_no_hash():
     assert build_config(offloaded).hash() == build_config(fsdp).hash()
     assert config_diff(build_config(fsdp), build_config(offloaded)) == []
     assert config_diff(build_config(fsdp), build_config(offloaded), hashed_only=False) == ["train.offload: False -> True"]
+
+
+def test_lr_multipliers_reach_the_optimizer_and_leave_old_hashes_alone():
+    from moga.train.build import build_model, build_optimizer
+
+    cfg = build_config(tiny(optim={"name": "muon", "lr": 0.02, "lr_multipliers": {"readout": 0.5, "vector": 4}}))
+    opt = build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    lrs = {g["role"]: g["lr"] for g in opt.param_groups}
+    assert lrs == {"input": 0.02, "hidden": 0.02, "readout": 0.01, "vector": 0.08}
+    assert build_config(tiny(optim={"lr_multipliers": None})).hash() == build_config(tiny()).hash()
+    assert build_config(tiny(optim={"lr_multipliers": {"readout": 2}})).hash() != build_config(tiny()).hash()
+    with pytest.raises(ConfigError, match="optim.lr_multipliers.head"):
+        build_config(tiny(optim={"lr_multipliers": {"head": 2}}))
+    with pytest.raises(ConfigError, match="optim.lr_multipliers.readout: Input should be greater than 0"):
+        build_config(tiny(optim={"lr_multipliers": {"readout": 0}}))
+    with pytest.raises(ConfigError, match="lr_multipliers does not apply to optimizer adamw"):
+        build_config(tiny(optim={"name": "adamw", "lr_multipliers": {"readout": 2}}))
+
+
+def test_a_run_with_lr_multipliers_logs_the_base_lr(tmp_path):
+    """The logged lr is the schedule's base rate, not the first group's multiplied one."""
+    from moga.train import read_metrics, run
+
+    cfg = tiny(optim={"lr": 0.05, "lr_multipliers": {"input": 4.0}}, schedule={"name": "cosine", "warmup_steps": 2})
+    run(cfg, tmp_path / "run")
+    logged = [r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl", "train")]
+    plain = tiny(optim={"lr": 0.05}, schedule={"name": "cosine", "warmup_steps": 2})
+    run(plain, tmp_path / "plain")
+    assert logged == [r["lr"] for r in read_metrics(tmp_path / "plain" / "metrics.jsonl", "train")]
+    import torch
+    groups = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert {g["role"]: g["lr_multiplier"] for g in groups}["input"] == 4.0

@@ -27,6 +27,7 @@ class ScaledAdamW(GeometryOptimizer):
         *,
         geometries=None,
         overrides=None,
+        lr_multipliers=None,
         nonfinite: str = "skip",
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
@@ -36,7 +37,7 @@ class ScaledAdamW(GeometryOptimizer):
         # Plain params get the hidden-matrix rule; a model's role plan decides per parameter.
         super().__init__(
             params, lr, 0.0, False, weight_decay, betas, eps, geometry=Sign(), update="adam",
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            geometries=geometries, overrides=overrides, lr_multipliers=lr_multipliers, nonfinite=nonfinite,
             state_dtype=state_dtype, master_weights=master_weights,
             kernel=kernel,
         )

@@ -27,6 +27,7 @@ from moga.kernels import (all_finite, check_kernel, covers, fused_available, fus
                           fused_split_step_)
 from moga.layout import Layout, as_layout, resolve_layout
 from moga.optim import sharded
+from moga.optim.multipliers import apply_multipliers
 from moga.optim.sharded import DTensor, WholeJob, local
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace, scratch
@@ -72,7 +73,8 @@ class GeometryOptimizer(Optimizer):
 
     ``params`` is an ``nn.Module`` (its role plan is built with ``role_geometries``), a
     :class:`~moga.roles.RolePlan`, or torch-style params / param groups; a group without a ``geometry``
-    key takes ``geometry`` and ``update``.
+    key takes ``geometry`` and ``update``. ``lr_multipliers={"readout": 0.5, ...}`` (a model or plan only)
+    sets each named role's groups to ``lr`` times its multiplier (:mod:`moga.optim.multipliers`).
 
     Non-finite values. ``nonfinite="skip"`` (default) turns a step whose gradients hold NaN or inf, or
     whose lr is not finite, into a no-op on the device: weights and optimizer state stay bit for bit
@@ -118,6 +120,7 @@ class GeometryOptimizer(Optimizer):
         update: str = "lmo",
         geometries: Mapping[str, str] | None = None,
         overrides: Mapping | None = None,
+        lr_multipliers: Mapping[str, float] | None = None,
         nonfinite: str = "skip",
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
@@ -143,6 +146,8 @@ class GeometryOptimizer(Optimizer):
         if isinstance(params, RolePlan):
             self.plan = params
             params = params.param_groups()
+        if lr_multipliers:  # each role's group at lr x its multiplier (moga.optim.multipliers)
+            params = apply_multipliers(params if self.plan is not None else None, defaults["lr"], lr_multipliers)
         self.nonfinite = nonfinite
         self.distributed = distributed  # split whole-matrix work across ranks for plain tensors (see Muon)
         self._skipped_host = 0  # skips known on the host (a non-finite lr)

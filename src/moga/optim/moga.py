@@ -39,6 +39,7 @@ class MOGA(GeometryOptimizer):
         geometry: Geometry | str | None = None,
         geometries=None,
         overrides=None,
+        lr_multipliers=None,
         nonfinite: str = "skip",
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
@@ -47,7 +48,7 @@ class MOGA(GeometryOptimizer):
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=geometry,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            geometries=geometries, overrides=overrides, lr_multipliers=lr_multipliers, nonfinite=nonfinite,
             state_dtype=state_dtype, master_weights=master_weights,
             kernel=kernel,
         )

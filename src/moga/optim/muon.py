@@ -45,6 +45,7 @@ class Muon(GeometryOptimizer):
         eps: float = 1e-8,
         geometries=None,
         overrides=None,
+        lr_multipliers=None,
         nonfinite: str = "skip",
         state_dtype: torch.dtype | str = torch.float32,
         master_weights: bool = False,
@@ -55,7 +56,7 @@ class Muon(GeometryOptimizer):
         self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
         super().__init__(
             params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
-            geometries=geometries, overrides=overrides, nonfinite=nonfinite,
+            geometries=geometries, overrides=overrides, lr_multipliers=lr_multipliers, nonfinite=nonfinite,
             state_dtype=state_dtype, master_weights=master_weights, distributed=distributed,
             kernel=kernel,
         )

@@ -18,7 +18,7 @@ from moga.optim.adaptive import AdaptiveGD
 from moga.optim.moga import MOGA
 from moga.optim.muon import Muon
 
-_GEOMETRY_KEYS = frozenset({"betas", "eps", "overrides", "nonfinite"})
+_GEOMETRY_KEYS = frozenset({"betas", "eps", "overrides", "nonfinite", "lr_multipliers"})
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -24,6 +24,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS
+from moga.roles import ROLES
 
 
 class ConfigError(ValueError):
@@ -174,6 +175,9 @@ class OptimConfig(_Section):
     layers: int | None = Field(None, ge=1, description="adaptive-gd: L, the number of layers "
                                "(default: from the model)")
     overrides: dict[str, str] | None = Field(None, description="role-plan overrides {parameter glob: role}")
+    lr_multipliers: dict[Literal[ROLES], Annotated[float, Field(gt=0)]] | None = Field(  # type: ignore[valid-type]
+        None, description="moga family: {role: factor} on lr per role (embedding, readout, vector, ...); "
+        "sweepable as optim.lr_multipliers.ROLE")
     matrices: str | None = Field(None, description="moga: the geometry of input, hidden and conv matrices in "
                                  "place of row(p), e.g. 'col(q=2)' (the width paper's column normalization); "
                                  "the readout keeps row(p)")
@@ -354,7 +358,7 @@ class RunConfig(_Section):
 UNHASHED = ("name", "logging", "checkpoint", "train.offload")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
 LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None,
-                        "fused": None},
+                        "fused": None, "lr_multipliers": None},
               "train": {"parallel": "auto", "precision": "fp32", "divergence_factor": 10.0}}
 
 

@@ -34,6 +34,7 @@ import math
 import torch
 
 from moga.optim.adaptive import global_norm
+from moga.optim.multipliers import base_lr
 from moga.smoothness import BlockGeometry, RunningSmoothness, layer_diagnostics, probe, trajectory_smoothness
 
 TRIAL_STEP = 1e-3  # block norm of the first, undone, step that gives L_0 (the weights are O(1) in these norms)
@@ -136,7 +137,8 @@ class StepInstruments:
         rows = self._layers(before, after)
         for row, dual in zip(rows, self._train_duals):
             row["train_grad_dual_norm"] = dual
-        return {"type": "diagnostics", "step": step, "epoch": epoch, "lr": float(self.optimizer.param_groups[0]["lr"]),
+        lr = float(base_lr(self.optimizer.param_groups[0]))
+        return {"type": "diagnostics", "step": step, "epoch": epoch, "lr": lr,
                 "probe_loss": before.loss, "probe_loss_after": after.loss,
                 "lipschitz": sum(r["grad_dual_norm"] for r in rows),
                 "trajectory_smoothness": L,

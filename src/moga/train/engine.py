@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from moga.data import derive_seed
+from moga.optim.multipliers import base_lr
 from moga.status import Status
 
 from . import distributed, parallel
@@ -291,7 +292,9 @@ class Trainer:
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
             # The schedule is the one writer of the lr; the step rule (if any) is a factor on it.
             lr_factor = self.schedule.factor(self.step)
-            lr_factor *= self.instruments.lr_scale(self.step, self.optimizer.param_groups[0]["initial_lr"] * lr_factor)
+            # the base rate, not group 0's multiplied one
+            base = base_lr(self.optimizer.param_groups[0], "initial_lr")
+            lr_factor *= self.instruments.lr_scale(self.step, base * lr_factor)
             for group in self.optimizer.param_groups:
                 group["lr"] = group["initial_lr"] * lr_factor
             self.instruments.before_step(self.step)  # diagnostics' first probe
@@ -363,7 +366,7 @@ class Trainer:
 
     def _log_train(self, rate: float, eta: float) -> None:
         loss = sum(self.since_log) / len(self.since_log)
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = base_lr(self.optimizer.param_groups[0])
         unit = "tokens_per_s" if self.task.unit == "tokens" else "samples_per_s"
         record = {"type": "train", "step": self.step, "epoch": self._epoch(), "loss": loss, "lr": lr,
                   unit: rate, "time": round(self.elapsed, 3)}

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moga.optim.multipliers import base_lr
+
 from .build import build_model, build_optimizer
 from .config import RunConfig, as_config
 from .tasks import build_task
@@ -27,7 +29,7 @@ from .tasks import build_task
 def _train_steps(task, model, optimizer, batches, lrs, accum, diverge_factor=None, smooth=0.0):
     """One step per lr in ``lrs``; returns raw losses (stops early on divergence)."""
     base = [g["lr"] for g in optimizer.param_groups]
-    ref = base[0] or 1.0
+    ref = base_lr(optimizer.param_groups[0]) or 1.0  # the swept lr is the base rate; role multipliers scale it
     losses, avg, best = [], 0.0, math.inf
     model.train()
     for i, lr in enumerate(lrs):

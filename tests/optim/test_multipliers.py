@@ -1,0 +1,173 @@
+"""Per-role learning-rate multipliers: each role's groups step at lr x its multiplier, through schedulers and
+state_dict (FSDP2: tests/optim/test_sharded.py, case multipliers)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+
+import pytest
+import torch
+from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
+
+from moga.models.gpt import GPT, GPTConfig
+from moga.optim import MOGA, Muon, ScaledAdamW
+from moga.optim.multipliers import base_lr
+
+from .tinynet import TINY_OVERRIDES, TinyNet, tiny_loss
+
+MULT = {"embedding": 0.25, "readout": 3.0, "vector": 2.0}
+LR = 0.01
+BUILDERS = {
+    "moga": lambda m, **kw: MOGA(m, momentum=0.9, nesterov=True, weight_decay=0.1, overrides=TINY_OVERRIDES, **kw),
+    "muon": lambda m, **kw: Muon(m, weight_decay=0.1, ns_dtype="float32", overrides=TINY_OVERRIDES, **kw),
+    "adamw-scaled": lambda m, **kw: ScaledAdamW(m, weight_decay=0.1, overrides=TINY_OVERRIDES, **kw),
+}
+
+
+def tiny(seed=0):
+    torch.manual_seed(seed)
+    return TinyNet()
+
+
+def run(model, opt, steps, scheduler=None, start=0):
+    for step in range(start, start + steps):
+        opt.zero_grad()
+        tiny_loss(model, seed=step).backward()
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+def roles_of(opt):
+    return {e.name: e.role for e in opt.plan}
+
+
+def make_scheduler(kind, opt):
+    if kind == "lambda":
+        return LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3) * 0.5 ** (s // 4))
+    return CosineAnnealingLR(opt, T_max=6, eta_min=1e-4)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_one_step_moves_each_role_as_the_run_at_its_multiplied_lr(name):
+    """From the same weights (so the same gradients), a role's parameters land exactly where one step at
+    lr x its multiplier takes them; the multipliers did move the readout off the plain step."""
+    build = BUILDERS[name]
+    model = tiny()
+    opt = build(model, lr=LR, lr_multipliers=MULT)
+    run(model, opt, 1)
+    roles = roles_of(opt)
+    for m in {1.0, *MULT.values()}:
+        ref = tiny()
+        run(ref, build(ref, lr=LR * m), 1)
+        ref_params = dict(ref.named_parameters())
+        checked = [n for n, p in model.named_parameters() if MULT.get(roles[n], 1.0) == m]
+        assert checked
+        for n in checked:
+            torch.testing.assert_close(dict(model.named_parameters())[n], ref_params[n], rtol=1e-6, atol=1e-7, msg=n)
+    plain = tiny()
+    run(plain, build(plain, lr=LR), 1)
+    assert not torch.allclose(model.head.weight, plain.head.weight)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize("schedule", ["lambda", "cosine"])
+def test_a_scheduler_scales_each_multiplied_lr(name, schedule):
+    """Under a torch scheduler, training with multipliers is bit for bit training with each group's lr set
+    by hand to lr x multiplier before the scheduler is made: the scheduler scales each group's own lr."""
+    build = BUILDERS[name]
+    model = tiny()
+    opt = build(model, lr=LR, lr_multipliers=MULT)
+    run(model, opt, 6, make_scheduler(schedule, opt))
+    ref = tiny()
+    ref_opt = build(ref, lr=LR)
+    for group in ref_opt.param_groups:
+        group["lr"] = LR * MULT.get(group["role"], 1.0)
+    run(ref, ref_opt, 6, make_scheduler(schedule, ref_opt))
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), n
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in ref_opt.param_groups]
+
+
+def test_groups_carry_their_multiplier_and_schedulers_keep_the_ratio():
+    model = tiny()
+    opt = MOGA(model, lr=LR, lr_multipliers=MULT, overrides=TINY_OVERRIDES)
+    for group in opt.param_groups:
+        assert group["lr_multiplier"] == MULT.get(group["role"], 1.0)
+        assert group["lr"] == LR * group["lr_multiplier"]
+    sched = CosineAnnealingLR(opt, T_max=5)
+    for _ in range(3):
+        run(model, opt, 1, sched)
+        expected = sched.get_last_lr()[0] / opt.param_groups[0]["lr_multiplier"]
+        assert all(math.isclose(base_lr(g), expected, rel_tol=1e-12) for g in opt.param_groups)
+
+
+@pytest.mark.parametrize("schedule", ["lambda", "cosine"])
+def test_state_dict_round_trip_resumes_bitwise(schedule):
+    """Saved after 3 steps (torch.save, weights_only load) into an optimizer built without multipliers: the
+    groups get theirs back, and 3 more steps match the uninterrupted run bit for bit."""
+    model = tiny()
+    opt = MOGA(model, lr=LR, momentum=0.9, lr_multipliers=MULT, overrides=TINY_OVERRIDES)
+    sched = make_scheduler(schedule, opt)
+    run(model, opt, 3, sched)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}, buf)
+    run(model, opt, 3, sched, start=3)
+
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    resumed = tiny(seed=1)
+    resumed.load_state_dict(saved["model"])
+    opt2 = MOGA(resumed, lr=LR, momentum=0.9, overrides=TINY_OVERRIDES)  # no multipliers: the state brings them
+    sched2 = make_scheduler(schedule, opt2)
+    opt2.load_state_dict(saved["opt"])
+    sched2.load_state_dict(saved["sched"])
+    assert [g["lr_multiplier"] for g in opt2.param_groups] == [MULT.get(g["role"], 1.0) for g in opt2.param_groups]
+    run(resumed, opt2, 3, sched2, start=3)
+    for (n, p), q in zip(model.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_no_multipliers_leaves_the_groups_as_before():
+    opt = MOGA(tiny(), lr=LR, overrides=TINY_OVERRIDES)
+    assert all("lr_multiplier" not in g and g["lr"] == LR for g in opt.param_groups)
+    assert all(base_lr(g) == LR for g in opt.param_groups)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"head": 2.0}, "'head', which is not a role"),
+    ({"readout": 0.0}, "must be a finite number > 0"),
+    ({"readout": -1.0}, "must be a finite number > 0"),
+    ({"readout": float("nan")}, "must be a finite number > 0"),
+    ({"readout": True}, "must be a finite number > 0"),
+    ({"tied": 2.0}, "role(s) tied, which no parameter of this model has"),
+    ([("readout", 2.0)], "must map roles to numbers"),
+])
+def test_bad_multipliers_are_clear_errors(bad, message):
+    with pytest.raises(ValueError) as e:
+        MOGA(tiny(), lr=LR, lr_multipliers=bad, overrides=TINY_OVERRIDES)
+    assert message in str(e.value)
+
+
+def test_a_readout_multiplier_on_a_tied_head_is_refused():
+    """The tied GPT has no readout role: the multiplier would change nothing, so it is an error naming the roles."""
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16, tie_weights=True))
+    with pytest.raises(ValueError, match="no parameter of this model has; its roles: .*tied"):
+        MOGA(model, lr=LR, lr_multipliers={"readout": 2.0})
+    MOGA(model, lr=LR, lr_multipliers={"tied": 2.0})
+
+
+def test_param_groups_without_roles_are_refused():
+    model = tiny()
+    with pytest.raises(ValueError, match="pass the nn.Module"):
+        MOGA(list(model.parameters()), lr=LR, geometry="sign", lr_multipliers={"readout": 2.0})
+
+
+def test_a_refused_multiplier_leaves_a_model_untouched():
+    model = tiny()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError):
+        MOGA(model, lr=LR, lr_multipliers={"bogus": 1.0}, overrides=TINY_OVERRIDES)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
