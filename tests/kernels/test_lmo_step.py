@@ -297,12 +297,36 @@ def test_auto_falls_back_when_the_compiler_fails(tmp_path):
 
 
 def test_builds_are_keyed_by_source_not_path(built):
-    from moga.kernels.build import SOURCE, build_directory, capability, source_tag
+    from moga.kernels.build import SOURCE, build_plan, build_tag, toolchain
 
-    code = SOURCE.read_bytes()
-    assert source_tag("k", code) == source_tag("k", bytes(code))  # another checkout's copy: the same build
-    assert source_tag("k", code) != source_tag("k", code + b"\n")  # an edited source: its own build
+    code, tools = SOURCE.read_bytes(), toolchain(["-O3"])
+    assert build_tag("k", code, tools) == build_tag("k", bytes(code), list(tools))  # another checkout's copy
+    assert build_tag("k", code, tools) != build_tag("k", code + b"\n", tools)  # an edited source: its own build
     # the loaded library was compiled from the copy inside its own directory, not from the checkout
-    directory = build_directory(source_tag(f"moga_kernels_{capability().lower()}", code))
+    directory = build_plan()[3]
     assert (directory / SOURCE.name).read_bytes() == code and "build.ninja" in os.listdir(directory)
     assert str(SOURCE.parent) not in (directory / "build.ninja").read_text()
+
+
+def test_builds_are_keyed_by_every_path_and_flag_ninja_sees(built, monkeypatch):
+    """The same source and torch in two virtualenvs: ninja's command lines differ by their include and
+    library paths, so one shared directory was rebuilt on every switch (~15 s instead of 0.8 s)."""
+    import shlex
+
+    from moga.kernels.build import LDFLAGS, build_plan, build_tag, toolchain
+
+    name, code, flags, directory = build_plan()
+    tools = toolchain([*flags, *LDFLAGS])
+    assert directory.name == build_tag(name, code, tools)
+    ninja = (directory / "build.ninja").read_text()
+    named = [word for line in ninja.splitlines() if line.startswith(("cflags", "ldflags", "cxx"))
+             for word in shlex.split(line.split("=", 1)[1])]
+    paths = [w[2:] if w.startswith(("-I", "-L")) else w for w in named
+             if w.startswith(("/", "-I/", "-L/")) and "/moga_kernels" not in w]  # minus the directory itself
+    assert paths and all(path in tools for path in paths), sorted(set(paths) - set(tools))
+    torch_include = os.path.dirname(torch.__file__)
+    elsewhere = [t.replace(torch_include, "/another/venv/torch") for t in tools]
+    assert elsewhere != tools and build_tag(name, code, elsewhere) != build_tag(name, code, tools)
+    assert build_tag(name, code, [*tools[:-1], "-O2"]) != build_tag(name, code, tools)
+    monkeypatch.setenv("CXX", "clang++")  # another compiler: its own build
+    assert build_tag(name, code, toolchain([*flags, *LDFLAGS])) != directory.name

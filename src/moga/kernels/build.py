@@ -1,19 +1,23 @@
 """JIT build of the C++ kernel (torch.utils.cpp_extension + ninja) on first use, cached on disk.
 
-The build directory is per torch version, Python version, CPU capability and source hash, under
+The build directory is per torch version, Python version, CPU capability and hash of everything ninja's
+build file names (the source, the include and library paths, the compiler and its flags), under
 ``TORCH_EXTENSIONS_DIR`` (default: torch's user cache), and the source is compiled from a copy inside it:
-two checkouts of the same source share one build, and different sources never rebuild each other's (the
-build files name the source by its path, so compiling each checkout's own file would rebuild whenever
-another checkout had built last). An ``flock`` around the build lets parallel pytest or sweep workers
-share one build: the first builds, the others wait and load it. A lock is released by the kernel when its
-holder dies, so a killed build never blocks the next one.
+two checkouts of the same source share one build, and different sources or toolchains never rebuild each
+other's (ninja rebuilds whenever a command line changes: compiling each checkout's own file, or the same
+file against the same torch installed in two virtualenvs, would rebuild on every switch). An ``flock``
+around the build lets parallel pytest or sweep workers share one build: the first builds, the others wait
+and load it. A lock is released by the kernel when its holder dies, so a killed build never blocks the
+next one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
+import sysconfig
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,9 +53,24 @@ def build_directory(name: str) -> Path:
     return Path(root) / name
 
 
-def source_tag(name: str, code: bytes) -> str:
-    """The build's directory name: the library's name and the hash of its source (not its path)."""
-    return f"{name}_{hashlib.sha256(code).hexdigest()[:12]}"
+def toolchain(flags: list[str]) -> list[str]:
+    """What the build's command lines name besides the source: torch's and Python's include paths, torch's
+    library paths (all inside one virtualenv), the compiler torch will call, and the flags."""
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    python_include = sysconfig.get_path("include", scheme="posix_prefix") or ""
+    return [*cpp_extension.include_paths(), python_include, *cpp_extension.library_paths(),
+            shutil.which(compiler) or compiler, *flags]
+
+
+def build_tag(name: str, code: bytes, tools: list[str]) -> str:
+    """The build's directory name: the library's name and the hash of its source (not its path) and
+    :func:`toolchain`, so that a build is only reused where ninja would not redo it."""
+    digest = hashlib.sha256(code)
+    for part in tools:
+        digest.update(b"\0" + part.encode())
+    return f"{name}_{digest.hexdigest()[:12]}"
 
 
 @contextmanager
@@ -63,6 +82,18 @@ def _build_lock(directory: Path):
         yield
 
 
+def build_plan() -> tuple[str, bytes, list[str], Path]:
+    """(library name, source, compiler flags, build directory) for this process's torch and CPU."""
+    cap = capability()
+    name = f"moga_kernels_{cap.lower()}"
+    code = SOURCE.read_bytes()
+    flags = ["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(cap, ["-DCPU_CAPABILITY=DEFAULT"])]
+    return name, code, flags, build_directory(build_tag(name, code, toolchain([*flags, *LDFLAGS])))
+
+
+LDFLAGS = ("-fopenmp",)
+
+
 def load_extension(verbose: bool = False):
     """Build (first use) and load the library; its ops are then ``torch.ops.moga_kernels.*``. Raises when
     it cannot be built."""
@@ -70,17 +101,14 @@ def load_extension(verbose: bool = False):
     if _module is None:
         from torch.utils import cpp_extension
 
-        cap = capability()
-        code = SOURCE.read_bytes()
-        name = f"moga_kernels_{cap.lower()}"
-        directory = build_directory(source_tag(name, code))
-        flags = ["-O3", "-fopenmp", "-DCPU_CAPABILITY=DEFAULT"] if cap == "DEFAULT" else ["-O3", "-fopenmp", *_CAPABILITY_FLAGS[cap]]
+        name, code, flags, directory = build_plan()
         with _build_lock(directory):
             source = directory / SOURCE.name
             if not source.is_file() or source.read_bytes() != code:
                 source.write_bytes(code)
             cpp_extension.load(
-                name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                name=name, sources=[str(source)], extra_cflags=list(flags),
+                extra_ldflags=list(LDFLAGS),  # a copy: torch appends to it
                 build_directory=str(directory), verbose=verbose, is_python_module=False,
             )
         _module = torch.ops.moga_kernels
