@@ -23,12 +23,9 @@ from moga.sweep.store import SweepStore
 EXECUTORS = ("local", "ray")
 
 
-def threads_per_worker(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // workers)
-
-
-def start_local_workers(sweep_dir: Path, workers: int) -> list[subprocess.Popen]:
-    threads = threads_per_worker(workers)
+def start_local_workers(sweep_dir: Path, workers: int, threads: int = 1) -> list[subprocess.Popen]:
+    """``threads`` is the sweep's fixed per-cell thread count (``SweepSpec.threads``), never derived from the
+    number of workers: that would make a cell's losses depend on the machine."""
     cmd = [sys.executable, "-m", "moga.sweep.worker", str(sweep_dir), "--threads", str(threads),
            "--parent", str(os.getpid())]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -48,7 +45,7 @@ def _sigint_ignored():
         signal.signal(signal.SIGINT, old)
 
 
-def run_ray_workers(sweep_dir: Path, workers: int, address: str | None = None) -> None:
+def run_ray_workers(sweep_dir: Path, workers: int, address: str | None = None, threads: int = 1) -> None:
     try:
         import ray
     except ModuleNotFoundError:
@@ -57,7 +54,6 @@ def run_ray_workers(sweep_dir: Path, workers: int, address: str | None = None) -
 
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    threads = threads_per_worker(workers) if address is None else 1
     task = ray.remote(num_cpus=threads)(run_worker)
     ray.get([task.remote(str(sweep_dir.resolve()), threads=threads) for _ in range(workers)])
 
@@ -75,9 +71,9 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, executor: str = "
         store.requeue((Status.FAILED,))
     start = time.time()
     if executor == "ray":
-        run_ray_workers(sweep_dir, workers, ray_address)
+        run_ray_workers(sweep_dir, workers, ray_address, sweep.spec.threads)
     else:
-        procs = start_local_workers(sweep_dir, workers)
+        procs = start_local_workers(sweep_dir, workers, sweep.spec.threads)
         try:
             watch(store, procs, start, progress)
         finally:  # on Ctrl-C too: one SIGTERM each, so each worker checkpoints and releases its cell

@@ -24,6 +24,7 @@ def records(store: SweepStore) -> list[dict]:
             continue
         result = cell["result"] or {}
         rec = {**cell["params"], "cell": cell["id"], "status": cell["status"]}
+        rec.setdefault("seed", base.get("seed", 0))  # a grid cell runs the base config's seed
         if "optim.name" not in rec:
             items = [f"{k}={json.dumps(v)}" for k, v in cell["params"].items()]
             rec["optim.name"] = build_config(apply_overrides(json.loads(json.dumps(base)), items)).optim.name

@@ -15,12 +15,20 @@ axes:
       moga: {pow2: [-6, -1]}
 exclude:                          # cells matching every key of an entry are dropped
   - {optim.name: muon, model.depth: 32}
+include:                          # cells run besides the grid: a grid cell with more keys (e.g. another seed)
+  - {optim.name: moga, model.depth: 8, model.depth_scaling: none, optim.lr: 0.0625, seed: 1}
+threads: 1                        # intra-op threads of every cell, whatever the number of workers
 scale_key: model.depth            # the axis the report draws one curve per value of
 # scale_keys: [model.width, model.depth]   # or two scale axes: a curve per pair and a regret heat map
 ```
 
-Re-running a sweep whose grid grew (more lr values or scales, other exclusions) keeps every finished
-cell and runs only the new ones; a changed base config is refused (``moga.sweep.store``).
+Re-running a sweep whose grid grew (more lr values or scales, other exclusions, included cells such as
+more seeds where a verdict is close) keeps every finished cell and runs only the new ones; a changed base
+config or thread count is refused (``moga.sweep.store``).
+
+A cell's result does not depend on how many workers share the machine: every cell runs with ``threads``
+intra-op threads (1 by default), since the thread count changes the order of floating-point reductions
+and with it the losses.
 
 A cell is the dict of its axis values; its id is a hash of that dict, so the same grid always maps to the
 same run directories.
@@ -58,6 +66,10 @@ class SweepSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, description="dotted key -> value for every cell")
     axes: dict[str, Any] = Field(description="dotted key -> values, or a dependent axis {by, values}")
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="cells matching an entry are dropped")
+    include: list[dict[str, Any]] = Field(default_factory=list, description="cells run besides the grid, each a "
+                                          "grid cell plus keys that are not axes (e.g. seed)")
+    threads: int = Field(1, ge=1, description="intra-op threads of every cell (fixed: results do not depend on "
+                         "the number of workers)")
     scale_key: str = Field("model.depth", description="axis of model scale (one curve per value in the report)")
     scale_keys: list[str] | None = Field(None, description="two (or more) scale axes at once, e.g. [model.width, "
                                          "model.depth]: the report gives each pair a curve and a regret map; "
@@ -212,6 +224,14 @@ class Sweep:
                 raise SweepError(f"exclude entry {ex!r} names {sorted(unknown)}, which are not axes")
         if not cells:
             raise SweepError("every cell is excluded: the sweep is empty")
+        grid_keys = {cell_id(c) for c in cells}
+        for extra in self.spec.include:
+            if cell_id({k: extra.get(k) for k in axes}) not in grid_keys or set(extra) <= set(axes):
+                raise SweepError(f"include entry {extra!r} must be a cell of the grid plus keys that are not axes "
+                                 "(e.g. seed)")
+            if cell_id(extra) not in grid_keys:
+                cells.append(dict(extra))
+                grid_keys.add(cell_id(extra))
         return cells
 
     def _validate_cells(self) -> None:

@@ -84,7 +84,7 @@ def _is_zombie(pid: int) -> bool:
 
 
 # What an extension may change: the grid (axis values, exclusions) and how it is run and drawn.
-EXTENSIBLE = {"name", "axes", "exclude", "scale_key", "scale_keys", "early_stop_diverged", "heartbeat_timeout"}
+EXTENSIBLE = {"name", "axes", "exclude", "include", "scale_key", "scale_keys", "early_stop_diverged", "heartbeat_timeout"}
 
 
 def incompatible(stored: dict, sweep: Sweep) -> str | None:

@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from moga.sweep.spec import Sweep, SweepSpec
+from moga.sweep.spec import Sweep, SweepError, SweepSpec
 from moga.filelock import exclusive_lock
 from moga.status import DONE, Status
 from moga.sweep.store import SweepStore, new_owner
@@ -108,12 +108,14 @@ def train_cell(config, run_dir: Path) -> dict:
 def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid: int | None = None,
                owner: str | None = None) -> int:
     """Work until no cell is pending or running; returns the number of cells this worker settled."""
-    if threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(threads)
     store = SweepStore(sweep_dir)
     sweep = load_sweep(store)
+    if threads is not None and threads != sweep.spec.threads:
+        raise SweepError(f"this sweep runs every cell with {sweep.spec.threads} thread(s) (its `threads`), "
+                         f"not {threads}: a cell's losses depend on the thread count")
+    torch.set_num_threads(sweep.spec.threads)
     owner = owner or new_owner()
     settled = 0
     with _StopRequest() as stop:

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from moga.experiments.reproduce.catalog import Reproduction, get, merge
-from moga.experiments.reproduce.run import judge_panels, reproduce
+from moga.experiments.reproduce.run import judge_panels, recheck, reproduce
 from moga.experiments.reproduce.table import END, START, load_outcomes, results_table, update_readme
 from moga.sweep.report import analyze
 
@@ -19,7 +19,7 @@ EXPECT = [{"panel": {"scaling": "inverse_depth"}, "verdict": "transfers"},
 
 def verdicts(rows):
     return [{"panel": p.panel, "title": p.title, "verdict": p.verdict, "line": p.verdict_line}
-            for p in analyze(rows, resamples=0)]
+            for p in analyze(rows, resamples=200)]
 
 
 def test_a_28_percent_regret_fails_the_claim():
@@ -39,6 +39,34 @@ def test_held_and_undecided():
     outcome, lines = judge_panels(EXPECT, verdicts(edge + parabola_sweep([-3, -4, -5, -6, -7], scaling="none")))
     assert outcome == "undecided" and "no verdict" in lines[0]
     assert judge_panels(EXPECT, verdicts(parabola_sweep([-4.2] * 5)))[0] == "undecided"  # no baseline panel ran
+
+
+def test_one_seed_is_inconclusive_and_a_confident_opposite_fails():
+    one_seed = parabola_sweep([-4.2] * 5, seeds=(0,)) + parabola_sweep([-3, -4, -5, -6, -7], scaling="none")
+    outcome, lines = judge_panels(EXPECT, verdicts(one_seed))
+    assert outcome == "inconclusive" and lines[0].startswith("[inconclusive]") and "one seed" in lines[0]
+
+
+def test_a_transfer_reproduction_adds_seeds_where_it_decides_and_its_outcome_rechecks(tmp_path):
+    rep = mini("depth-mlp", base={"train": {"steps": 12, "batch_size": 32}, "checkpoint": {"every": 6},
+                                  "eval": {"final_window": 4}, "model": {"width": 16}},
+               axes={"optim.name": ["moga"], "model.depth_scaling": ["inverse_depth"], "model.depth": [1, 2],
+                     "optim.lr": {"by": "optim.name", "values": {"moga": {"pow2": [-5, -2]}}}})
+    out = reproduce(rep, tmp_path / "mlp", "quick", workers=2, progress=False, min_seeds=3, max_seeds=3)
+    cells = out["cells"]
+    grid = [c for c in cells if c["seed"] == 0]
+    assert len(grid) == 8 and {c["seed"] for c in cells} <= {0, 1, 2}
+    (panel,) = out["panels"]
+    if panel["decision"] is not None:  # optima inside the grid: 3 seeds at every decisive rate of both depths
+        for s in panel["decision"]["scales"]:
+            assert s["seeds"] == 3
+        assert len(cells) > len(grid)
+    # the stored file alone gives the same verdicts, and a second run trains nothing new
+    stored = json.loads((tmp_path / "mlp" / "outcome.json").read_text())
+    assert [(v["panel"], v["verdict"], v["line"]) for v in recheck(stored)] == \
+        [(p["panel"], p["verdict"], p["line"]) for p in stored["panels"]]
+    again = reproduce(rep, tmp_path / "mlp", "quick", workers=1, progress=False, min_seeds=3, max_seeds=3)
+    assert again["runs"] == out["runs"] and len(again["cells"]) == len(cells)
 
 
 def mini(name: str, **sweep) -> Reproduction:

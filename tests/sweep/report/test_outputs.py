@@ -17,9 +17,10 @@ LRS = pow2(-8, 0)
 
 def sweep_records():
     """moga transfers with inverse-depth scaling; adamw's optimum falls a grid step per doubling."""
-    return (parabola_sweep([-4, -4, -4], scales=(2, 4, 8), lrs=LRS, seeds=(0, 1), seed_offsets={1: 0.01},
+    offsets = {1: 0.001, 2: -0.001}  # a small seed spread, the same at every lr
+    return (parabola_sweep([-4, -4, -4], scales=(2, 4, 8), lrs=LRS, seed_offsets=offsets,
                            optimizer="moga", diverge_above=2.5)
-            + parabola_sweep([-3, -4, -5], scales=(2, 4, 8), lrs=LRS, seeds=(0, 1), seed_offsets={1: 0.01},
+            + parabola_sweep([-3, -4, -5], scales=(2, 4, 8), lrs=LRS, seed_offsets=offsets,
                              optimizer="adamw", diverge_above=2.5))
 
 
@@ -53,7 +54,8 @@ def test_summary_json_is_strict_and_complete(report):
     adamw = summary["metrics"]["train_loss"][1]
     assert adamw["drift"]["steps"] == 2 and adamw["drift"]["slope_per_doubling"] == pytest.approx(-1.0)
     assert [c["best_lr"] for c in adamw["curves"]] == [2.0**-3, 2.0**-4, 2.0**-5]
-    assert adamw["regrets"][2]["relative"] == pytest.approx(0.2 / 0.305)  # seed mean of 0.30 and 0.31
+    assert adamw["regrets"][2]["relative"] == pytest.approx(0.2 / 0.3)  # seed mean of 0.299, 0.3 and 0.301
+    assert adamw["decision"]["scales"][2]["drift_steps"] == pytest.approx(-2.0)
     assert adamw["bootstrap"]["drift_steps"] == [2, 2]
     assert None in adamw["curves"][2]["loss"]  # a diverged point: inf written as null
 
@@ -74,9 +76,8 @@ def test_markdown_and_html(report):
     records, out, paths = report
     md = paths["report.md"].read_text()
     html = paths["report.html"].read_text()
-    lines = [p.verdict_line for p in analyze(records, resamples=0)]
-    assert lines[0] == "transfers: the optimum stays at lr=2^-4 from K=2 to K=8, no regret (K=2's best lr is best " \
-                       "at every scale where it was run)"
+    lines = [p.verdict_line for p in analyze(records, resamples=100)]
+    assert lines[0].startswith("transfers: drift within")
     for line in lines:
         assert line in md and line.replace("'", "&#x27;") in html
     assert "![train_loss against learning rate](figures/train_loss.png)" in md
@@ -97,7 +98,7 @@ def test_missing_validation_loss_and_svg(tmp_path):
 def test_terminal_table():
     records = sweep_records()
     console = Console(record=True, width=160)
-    print_verdicts({"train_loss": analyze(records, resamples=0)}, console=console)
+    print_verdicts({"train_loss": analyze(records, resamples=100)}, console=console)
     text = console.export_text()
     assert "does not transfer" in text and "transfers" in text and "moga, inverse_depth" in text
 

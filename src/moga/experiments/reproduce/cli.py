@@ -24,6 +24,10 @@ def reproduce_command(
     data: str = typer.Option(None, help="the data set: an image data set's name (fashion-mnist, cifar10, cifar100, "
                              "digits), or for GPT reproductions a text file or a train.bin/val.bin directory"),
     max_regret: float = typer.Option(0.02, min=0, help="largest relative regret that still 'transfers'"),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="seeds at each panel's decisive rates (the grid runs one; "
+                              "more are added where the decision needs them)"),
+    max_seeds: int = typer.Option(6, "--max-seeds", min=1, help="most seeds at a decisive rate when the "
+                                  "verdict stays inconclusive"),
     list_: bool = typer.Option(False, "--list", help="each reproduction: paper, figure, claim, grid size and "
                                "estimated time on 2 free cores"),
     table: bool = typer.Option(False, "--table", help="print the results table from stored outcomes (--runs)"),
@@ -33,7 +37,8 @@ def reproduce_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
 ) -> None:
     """Every claim of the three papers as one command: a sweep on the resumable store, the papers' figures, a
-    verdict per panel and the claim's outcome (held, failed, undecided). Re-running resumes."""
+    verdict per panel with seed intervals and the claim's outcome (held, failed, inconclusive, undecided).
+    Re-running resumes."""
     from moga.experiments.reproduce.catalog import ReproduceError, catalog, get
 
     if list_:
@@ -65,7 +70,8 @@ def reproduce_command(
         typer.echo(f"== {n} ({scale}) -> {target}")
         try:
             result = reproduce(get(n), target, scale, workers=workers, executor=executor, ray_address=ray_address,
-                               data=data if len(names) == 1 else None, max_regret=max_regret, progress=not quiet)
+                               data=data if len(names) == 1 else None, max_regret=max_regret, progress=not quiet,
+                               min_seeds=seeds, max_seeds=max(seeds, max_seeds))
         except (ReproduceError, SweepError, FileNotFoundError, RuntimeError) as e:
             typer.echo(f"{n}: error: {e}", err=True)
             failed.append(n)

@@ -1,13 +1,17 @@
-"""Run one reproduction and judge the paper's claim: held, failed or undecided, with its key numbers.
+"""Run one reproduction and judge the paper's claim: held, failed, inconclusive or undecided, with its key numbers.
 
 Sweeps run on the sweep store (``OUT/sweep.db``, cells in ``OUT/cells``): re-running resumes, a kill -9 loses
 no finished cell. Every run writes ``OUT/report/`` and ``OUT/outcome.json``, the stored summary that the
 README's table is made from (:mod:`.table`).
 
-How a claim is judged from the panels' verdicts (:mod:`moga.sweep.report.verdict`, which cannot call a panel
-with a large regret "transfers"): **held** when every panel the paper makes a claim about gets the verdict it
-claims; **failed** when any of them gets the opposite verdict; **undecided** otherwise (an optimum on the grid
-edge, too few scales, a regret that could not be measured, missing cells).
+A transfer reproduction runs its grid with one seed, then adds seeds on each panel's decisive rates until
+every panel is decided or has ``max_seeds`` there (:mod:`.seeds`); each panel's verdict carries 95% seed
+intervals on drift and regret (:mod:`moga.sweep.report.decision`). How a claim is judged from them:
+**held** when every panel the paper makes a claim about gets the verdict it claims; **failed** when any of
+them is confidently the opposite; **undecided** when one cannot be judged on this grid (an optimum on its
+edge: extend the grid; one scale; missing cells); **inconclusive** otherwise (the intervals straddle a limit,
+and the line says about how many seeds would decide it). ``outcome.json`` keeps every cell's final losses,
+so :func:`recheck` recomputes the verdicts from the stored file alone.
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ from pathlib import Path
 from moga.experiments.reproduce.catalog import Reproduction, ReproduceError, cell_cost
 from moga.sweep.report.verdict import MAX_REGRET
 
-OUTCOMES = ("held", "failed", "undecided")
+OUTCOMES = ("held", "failed", "inconclusive", "undecided")
 
 
 def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int = 2, executor: str = "local",
               ray_address: str | None = None, data: str | None = None, max_regret: float = MAX_REGRET,
-              progress: bool = True, command: str | None = None) -> dict:
+              progress: bool = True, command: str | None = None, min_seeds: int = 3, max_seeds: int = 6) -> dict:
     """Run (or resume) ``rep`` at ``scale`` in ``out``, write its report and outcome.json; return the outcome."""
     out = Path(out)
     started = time.time()
@@ -35,10 +39,19 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
     else:
         from moga.sweep.executor import run_sweep
 
-        sweep = rep.sweep(scale, data)
+        include = _stored_include(out)  # seeds an earlier run added stay in the grid
+        sweep = _sweep(rep, scale, data, include)
         # failed cells (a missing data set, say) run again: a reproduction is re-run to complete it
-        counts = run_sweep(sweep, out, workers=workers, executor=executor, ray_address=ray_address,
-                           progress=progress, retry_failed=True)
+        run = lambda sw: run_sweep(sw, out, workers=workers, executor=executor,  # noqa: E731
+                                   ray_address=ray_address, progress=progress, retry_failed=True)
+        counts = run(sweep)
+        while rep.kind == "transfer" and max_seeds > 1:
+            extra = _seeds_wanted(rep, sweep, out, max_regret, min_seeds, max_seeds)
+            if not extra:
+                break
+            include += extra
+            sweep = _sweep(rep, scale, data, include)
+            counts = run(sweep)
         judge = {"transfer": _transfer, "joint": _joint, "race": _race}[rep.kind]
         outcome = judge(rep, sweep, out, max_regret)
         outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
@@ -49,6 +62,35 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
                    seconds=round(earlier + time.time() - started, 1), max_regret=max_regret)
     (out / "outcome.json").write_text(json.dumps(_finite(outcome), indent=1) + "\n")
     return outcome
+
+
+def _sweep(rep: Reproduction, scale: str, data: str | None, include: list[dict]):
+    from moga.sweep.spec import Sweep
+
+    spec = rep.sweep_dict(scale, data)
+    if include:
+        spec["include"] = include
+    return Sweep.from_dict(spec)
+
+
+def _stored_include(out: Path) -> list[dict]:
+    from moga.sweep.store import SweepStore
+
+    store = SweepStore(out)
+    if not store.exists():
+        return []
+    return list(store.definition()["spec"].get("include") or [])
+
+
+def _seeds_wanted(rep: Reproduction, sweep, out: Path, max_regret: float, min_seeds: int, max_seeds: int) -> list:
+    from moga.experiments.reproduce.seeds import more_seeds
+    from moga.sweep.report import analyze
+    from moga.sweep.store import SweepStore
+
+    rows, scale_key = _records(rep, sweep, out)
+    summaries = analyze(rows, scale_key=scale_key, group_keys=rep.group_keys, max_regret=max_regret)
+    params = {c["id"]: c["params"] for c in SweepStore(out).cells()}
+    return more_seeds(summaries, rows, scale_key, rep.group_keys, params.__getitem__, min_seeds, max_seeds)
 
 
 def _earlier_seconds(path: Path) -> float:
@@ -69,12 +111,13 @@ def judge_panels(expect: list[dict], verdicts: list[dict]) -> tuple[str, list[st
             states.append("undecided")
             lines.append(f"{_where(e['panel'])}: no panel ran (claimed: {e['verdict']})")
         for v in matched:
-            state = "held" if v["verdict"] == e["verdict"] else "undecided" if v["verdict"] == "no verdict" else "failed"
+            state = ("held" if v["verdict"] == e["verdict"] else "undecided" if v["verdict"] == "no verdict"
+                     else "inconclusive" if v["verdict"] == "inconclusive" else "failed")
             states.append(state)
             lines.append(f"[{state}] {v['title']} (claimed: {e['verdict']}): {v['line']}")
     if not states:
         return "undecided", ["the paper's claim names no panel"]
-    outcome = "failed" if "failed" in states else "undecided" if "undecided" in states else "held"
+    outcome = next(s for s in ("failed", "undecided", "inconclusive", "held") if s in states)
     return outcome, lines
 
 
@@ -83,25 +126,34 @@ def _where(panel: dict) -> str:
 
 
 def key_number(expect: list[dict], panels: list[dict]) -> str:
-    """The claim in numbers: over the panels claimed to transfer, the largest drift and the worst regret;
-    over those claimed not to, the smallest drift."""
+    """The claim in numbers: over the claimed panels, the largest drift and the worst regret with their 95%
+    seed intervals, and the fewest seeds at a decisive rate."""
     parts = []
     for wanted in ("transfers", "does not transfer"):
         chosen = [p for p in panels if any(e["verdict"] == wanted and all(
             str(p["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in expect)]
-        drifts = [_drift(p) for p in chosen if _drift(p) is not None]
-        regrets = [p["worst_regret"] for p in chosen if p.get("worst_regret")]
-        if wanted == "transfers" and chosen:
-            text = f"drift <= {max(drifts):g} steps" if drifts else "drift n/a"
-            worst = max(regrets, key=lambda r: r["relative"] if r["relative"] is not None else math.inf, default=None)
-            if worst is not None:
-                value = "diverges" if worst["status"] == "diverges" else (
-                    f"{100 * worst['relative']:.1f}%" if worst["relative"] is not None else "n/a")
-                text += f", worst regret {value}"
+        scales = [s for p in chosen if p.get("decision") for s in p["decision"]["scales"][1:]]
+        who = "" if wanted == "transfers" else "baseline "
+        if scales:
+            drift = max(scales, key=lambda s: abs(s["drift_steps"]))
+            regret = max(scales, key=lambda s: -1 if s["regret"] is None else s["regret"])
+            text = f"{who}drift {drift['drift_steps']:+.2f} steps{_interval(drift['drift_interval'], '{:+.2f}')}"
+            if regret["regret"] is not None:
+                text += f", worst regret {100 * regret['regret']:.1f}%{_interval(regret['regret_interval'], '{:.1%}')}"
+            text += f" ({min(s['seeds'] for s in scales)}+ seeds)"
             parts.append(text)
         elif chosen:
-            parts.append(f"baseline drift >= {min(drifts):g} steps" if drifts else "baseline drift n/a")
+            drifts = [_drift(p) for p in chosen if _drift(p) is not None]
+            parts.append(f"{who}drift >= {min(drifts):g} steps (grid edge)" if drifts else f"{who}drift n/a")
     return "; ".join(parts)
+
+
+def _interval(iv, fmt: str) -> str:
+    if iv is None:
+        return ""
+    lo, hi = (v if v is not None else math.inf for v in iv)  # null: a diverging resample
+    show = lambda v: "inf" if math.isinf(v) else fmt.format(v)  # noqa: E731
+    return f" [{show(lo)}, {show(hi)}]"
 
 
 def _drift(p: dict) -> float | None:
@@ -145,7 +197,38 @@ def _transfer(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     others = [f"{v['title']}: {v['line']}" for v in verdicts
               if not any(all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in rep.expect)]
     return {"outcome": outcome, "key": key_number(rep.expect, panels), "details": lines, "unclaimed": others,
-            "report": str(out / "report" / "report.md")}
+            "report": str(out / "report" / "report.md"),
+            "analysis": {"scale_key": scale_key, "group_keys": rep.group_keys, "metric": "train_loss",
+                         "max_regret": max_regret},
+            "panels": [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"],
+                        "decision": p.get("decision")} for p in panels],
+            "cells": stored_cells(rows, scale_key, rep.group_keys)}
+
+
+CELL_KEYS = ("scale", "lr", "seed", "status", "train_loss", "val_loss")
+
+
+def stored_cells(rows: list[dict], scale_key: str, group_keys) -> list[dict]:
+    """Every settled cell's panel, scale, lr, seed and final losses: what a reader needs to recheck a verdict."""
+    from moga.sweep.report.schema import parse_records
+
+    out = []
+    for r in parse_records(rows, scale_key):
+        cell = {k: r.get(k) for k in group_keys}
+        cell.update({k: r.get(k) for k in CELL_KEYS})
+        cell["scale_key"] = scale_key
+        out.append(cell)
+    return out
+
+
+def recheck(outcome: dict) -> list[dict]:
+    """The panels' verdicts recomputed from a stored outcome's cells (the same analysis settings)."""
+    from moga.sweep.report import analyze
+
+    a = outcome["analysis"]
+    panels = analyze(outcome["cells"], scale_key=a["scale_key"], metric=a["metric"], group_keys=a["group_keys"],
+                     max_regret=a["max_regret"])
+    return [{"panel": p.panel, "verdict": p.verdict, "line": p.verdict_line} for p in panels]
 
 
 def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:

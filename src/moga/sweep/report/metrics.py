@@ -26,7 +26,8 @@ import numpy as np
 
 from moga.sweep.report.bootstrap import Bootstrap, bootstrap
 from moga.sweep.report.curves import Curve, Grid, build_curve, make_grid
-from moga.sweep.report.schema import SweepRecord, parse_records
+from moga.sweep.report.decision import decide_transfer
+from moga.sweep.report.schema import SweepRecord, parse_records, scale_label
 from moga.sweep.report.summary import Drift, PanelSummary, Regret
 from moga.sweep.report.verdict import MAX_REGRET, criterion_text, decide
 
@@ -64,6 +65,9 @@ def analyze(records: Iterable[SweepRecord | Mapping], scale_key: str | None = No
             panel=dict(zip(group_keys, key)), metric=metric, scale_key=rows[0].scale_key, grid=grid, curves=curves,
             drift=drift, reference_scale=curves[0].scale, reference_lr=curves[0].best_lr, regrets=regrets,
             worst_regret=worst(regrets), bootstrap=bootstrap(curves, grid, criterion, resamples, level, seed),
+            decision=(decide_transfer(curves, grid.step_log2 if grid.regular else None, criterion, max_regret,
+                                      resamples, level, seed, label=lambda v: scale_label(rows[0].scale_key, v))
+                      if len(curves) >= 2 and all(c.trusted for c in curves) else None),
             verdict="", verdict_line="", notes=[],
             criterion=criterion_text(grid, max_drift_steps, max_drift_log2, max_regret),
         )

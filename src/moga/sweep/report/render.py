@@ -69,7 +69,7 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
             f"<style>{CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
 
 
-VERDICT_STYLES = {"transfers": "green", "does not transfer": "red", "no verdict": "yellow"}
+VERDICT_STYLES = {"transfers": "green", "does not transfer": "red", "inconclusive": "yellow", "no verdict": "yellow"}
 
 
 def verdict_table(summaries: Mapping[str, Sequence[PanelSummary]]):

@@ -14,6 +14,7 @@ import numpy as np
 
 from moga.sweep.report.bootstrap import Bootstrap
 from moga.sweep.report.curves import Curve, Grid
+from moga.sweep.report.decision import Decision
 from moga.sweep.report.schema import scaling_label
 
 
@@ -53,7 +54,8 @@ class PanelSummary:
     regrets: list[Regret]
     worst_regret: Regret | None  # largest relative (or absolute) regret over the other scales
     bootstrap: Bootstrap | None
-    verdict: str  # "transfers", "does not transfer" or "no verdict"
+    decision: Decision | None  # drift and regret with seed intervals (None: fewer than 2 scales, or an edge)
+    verdict: str  # "transfers", "does not transfer", "inconclusive" or "no verdict" (extend the grid)
     verdict_line: str
     criterion: str
     notes: list[str]

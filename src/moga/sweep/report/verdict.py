@@ -1,17 +1,16 @@
 """The verdict of a panel, and the plain sentences that state it.
 
-- "transfers" needs both halves of the claim: every scale's optimum is inside its lr grid and the
-  grid optima of all scales lie within ``max_drift_steps`` grid steps (``max_drift_log2`` log2 units
-  on a grid that is not log-spaced) of each other; AND reusing the smallest scale's best lr costs at
-  most ``max_regret`` (relative, 2% by default) of the best loss at every other scale, and diverges
-  nowhere. Optima one step apart with a 28% regret do not transfer.
-- "does not transfer": the drift exceeds that, reusing the smallest scale's best lr diverges or
-  costs more than ``max_regret`` (a lower bound on the regret above it is enough), or, with curves at
-  the grid edge, even the smallest drift consistent with the edges exceeds the limit (the unscaled
-  baseline's optimum often runs off the grid; that is still a clear "no").
-- "no verdict": a curve at the grid edge (or diverged everywhere) leaves the question open, the
-  regret could not be measured, or the panel has one scale. The line says which curve and which way
-  to extend the grid.
+- With every optimum inside its grid: the seed-interval decision of :mod:`moga.sweep.report.decision`.
+  "transfers" needs the 95% intervals of the refined optimum's drift (at most ``max_drift_steps`` grid
+  steps, or ``max_drift_log2`` log2 units on a grid that is not log-spaced) and of the regret of reusing
+  the smallest scale's refined optimum (at most ``max_regret``, 2% by default) within their limits at
+  every scale; "does not transfer" needs one of them confidently beyond; otherwise "inconclusive", with
+  about how many seeds would decide it. One seed gives no interval: inconclusive.
+- "does not transfer" also when, with curves at the grid edge, even the smallest drift consistent with
+  the edges exceeds the limit (the unscaled baseline's optimum often runs off the grid; that is still a
+  clear "no"), or the small model's best rate diverges at a larger scale.
+- "no verdict" (undecided: extend the grid): any other curve at the grid edge (or diverged everywhere),
+  or the panel has one scale. The line says which curve and which way to extend the grid.
 """
 
 from __future__ import annotations
@@ -42,52 +41,28 @@ def criterion_text(grid: Grid, max_drift_steps: int, max_drift_log2: float, max_
 
 def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float,
            max_regret: float = MAX_REGRET) -> tuple[str, str, list[str]]:
-    """The panel's verdict, the line that states it, and its notes."""
+    """The panel's verdict, the line that states it, and its notes.
+
+    With every optimum inside its grid, the verdict is the seed-interval decision of
+    :mod:`moga.sweep.report.decision` (transfers, does not transfer, inconclusive). With an optimum on a
+    grid edge it is "no verdict" (extend the grid), unless the edges already settle it: the smallest drift
+    consistent with them exceeds the limit, or the small model's best rate diverges at a larger scale.
+    """
     label = lambda scale: scale_label(s.scale_key, scale)  # noqa: E731
     span = f"from {label(s.curves[0].scale)} to {label(s.curves[-1].scale)}"
     problems = [edge_problem(c, label(c.scale)) for c in s.curves if not c.trusted]
-    notes = problems + _notes(s, label)
+    notes = problems + _notes(s, label) + (s.decision.notes if s.decision else [])
     regular = s.grid.regular
-    measured = s.drift.steps if regular else s.drift.log2_grid
     bound = s.drift.steps_at_least if regular else s.drift.log2_at_least
     limit = max_drift_steps if regular else max_drift_log2
 
     if len(s.curves) < 2:
         return "no verdict", f"no verdict: only one scale ({label(s.curves[0].scale)})", notes
+    if s.decision is not None:
+        d = s.decision
+        return d.verdict, f"{d.verdict}: {d.reason}", notes
     reused_diverges = any(r.status == "diverges" for r in s.regrets)
-    w = s.worst_regret
-    too_costly = w is not None and w.status == "ok" and _relative_or_none(w) is not None and w.relative > max_regret
-    if not problems and measured <= limit and reused_diverges:
-        # Optima a step apart do not make a rate reusable when the small model's best one diverges.
-        verdict = "does not transfer"
-        line = f"does not transfer: the optima lie within {_steps(limit)} {span}{_regret_phrase(s, label, ', ')}"
-    elif not problems and measured <= limit and too_costly:
-        # The optimum barely moves, but the small model's rate is far from good enough at scale.
-        verdict = "does not transfer"
-        line = (f"does not transfer: the optima lie within {_steps(limit)} {span}, but reusing "
-                f"{label(s.reference_scale)}'s best lr costs {'>= ' if w.lower_bound else ''}"
-                f"{100 * w.relative:.1f}% at {label(w.scale)} (more than {100 * max_regret:g}%)")
-    elif not problems and measured <= limit and (w is None or _relative_or_none(w) is None):
-        verdict = "no verdict"
-        line = f"no verdict: the optima lie within {_steps(limit)} {span}{_regret_phrase(s, label, ', ')}"
-    elif not problems and measured <= limit:
-        verdict = "transfers"
-        if regular and measured == 0:
-            moves = f"the optimum stays at lr={format_lr(s.curves[0].best_lr)} {span}"
-        elif regular:
-            moves = f"the optimum stays within {_steps(limit)} {span}"
-        else:
-            moves = f"the optimum moves {measured:.2f} log2 units (at most {limit:g}) {span}"
-        line = f"transfers: {moves}{_regret_phrase(s, label, ', ')}"
-    elif (too_costly or reused_diverges) and (bound is None or bound <= limit):
-        # Some curve is at the grid edge, but what reusing the small model's rate costs already decides.
-        verdict = "does not transfer"
-        cost = (_regret_phrase(s, label, "").removeprefix("but ") if reused_diverges else
-                f"reusing {label(s.reference_scale)}'s best lr costs {'>= ' if w.lower_bound else ''}"
-                f"{100 * w.relative:.1f}% at {label(w.scale)} (more than {100 * max_regret:g}%)")
-        line = f"does not transfer: {cost}; " + "; ".join(problems)
-    elif bound is not None and bound > limit:
-        verdict = "does not transfer"
+    if bound is not None and bound > limit:
         at_least = "at least " if problems else ""
         amount = _steps(bound) if regular else f"{bound:.2f} log2 units"
         factor = 2 ** (s.drift.log2_at_least or 0.0)
@@ -95,16 +70,12 @@ def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float,
         for c in s.curves:
             if not c.trusted:
                 change += f"; {label(c.scale)} " + ("diverged at every lr" if c.best_lr is None else "off the grid")
-        line = (f"does not transfer: the optimum moves {at_least}{amount} {span} ({change})"
-                f"{_regret_phrase(s, label, ', ')}")
-    else:
-        verdict = "no verdict"
-        line = "no verdict: " + "; ".join(problems)
-    return verdict, line, notes
-
-
-def _relative_or_none(r) -> float | None:
-    return r.relative if r.relative is not None and math.isfinite(r.relative) else None
+        return "does not transfer", (f"does not transfer: the optimum moves {at_least}{amount} {span} ({change}; "
+                                     f"read from the grid edges, no interval){_regret_phrase(s, label, ', ')}"), notes
+    if reused_diverges and s.curves[0].trusted:
+        cost = _regret_phrase(s, label, "").removeprefix("but ")
+        return "does not transfer", f"does not transfer: {cost}; " + "; ".join(problems), notes
+    return "no verdict", "no verdict: " + "; ".join(problems), notes
 
 
 def edge_problem(c: Curve, label: str) -> str:

@@ -1,0 +1,72 @@
+"""Seeds where the decision is close: after the grid's one seed, more seeds on each panel's decisive rates.
+
+The decisive rates of a panel at a scale are its seed-mean argmin, the argmin's two neighbours and the two
+grid rates around the reference scale's refined optimum (where the regret is read). A panel that is
+decided keeps ``min_seeds`` seeds there (one seed is an anecdote); an inconclusive one gets as many as its
+interval says would decide it, at most ``max_seeds``. A panel with an optimum on its grid's edge gets none:
+the grid has to grow first. The added cells are the sweep's ``include`` entries (grid cells with a
+``seed``), so they run on the same resumable store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from moga.sweep.report.schema import parse_records
+from moga.sweep.report.summary import PanelSummary
+
+
+def decisive_lrs(p: PanelSummary) -> dict[float, list[float]]:
+    """scale -> the rates whose seeds decide the panel."""
+    if p.decision is None:
+        return {}
+    x_ref = p.decision.scales[0].optimum_log2
+    out = {}
+    for c in p.curves:
+        i = c.lrs.index(c.best_lr)
+        near = set(c.lrs[max(0, i - 1):i + 2])
+        below = [lr for lr in c.lrs if math.log2(lr) <= x_ref]
+        above = [lr for lr in c.lrs if math.log2(lr) >= x_ref]
+        near |= set(below[-1:]) | set(above[:1])
+        out[c.scale] = sorted(near)
+    return out
+
+
+def wanted_seeds(p: PanelSummary, min_seeds: int, max_seeds: int) -> int:
+    d = p.decision
+    if d is None:
+        return 0
+    if d.verdict == "inconclusive":
+        return max(min_seeds, min(max_seeds, d.seeds_to_decide or max_seeds))
+    return min_seeds
+
+
+def more_seeds(summaries: Sequence[PanelSummary], rows: list[dict], scale_key: str, group_keys: Sequence[str],
+               params_of, min_seeds: int = 3, max_seeds: int = 6) -> list[dict]:
+    """The cells to add (grid cell params plus ``seed``) so that every panel has the seeds it needs.
+
+    ``rows`` are the sweep's records (``moga.sweep.results.records``, with ``scale_key`` filled in) and
+    ``params_of(cell_id)`` gives a stored cell's params."""
+    records = parse_records(rows, scale_key)
+    have: dict[tuple, set[int]] = {}
+    grid_cell: dict[tuple, str] = {}
+    for r in records:
+        key = (tuple(str(r.get(k)) for k in group_keys), float(r.scale), float(r.lr))
+        have.setdefault(key, set()).add(r.seed)
+        grid_cell.setdefault(key, r.get("cell"))
+    out = []
+    for p in summaries:
+        n = wanted_seeds(p, min_seeds, max_seeds)
+        panel = tuple(str(p.panel.get(k)) for k in group_keys)
+        for scale, lrs in decisive_lrs(p).items():
+            for lr in lrs:
+                key = (panel, float(scale), float(lr))
+                if key not in grid_cell:
+                    continue
+                base = {k: v for k, v in params_of(grid_cell[key]).items() if k != "seed"}
+                first = min(have[key])
+                for seed in range(first, first + n):
+                    if seed not in have[key]:
+                        out.append({**base, "seed": seed})
+    return out
