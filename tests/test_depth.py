@@ -63,14 +63,107 @@ def test_residual_alpha():
             residual_alpha(**kwargs)
 
 
-def test_unknown_blocks_are_an_error_that_says_how_to_name_them():
-    with pytest.raises(ValueError, match=r"branches=\[") as info:
-        scale_residual_branches(PlainNet())
-    assert "residual_branches()" in str(info.value)
+class StackBlock(nn.Module):
+    """A residual block whose add is a stack and a sum: no residual add to find. Its branch ends in a norm."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(width, width), nn.LayerNorm(width)
+
+    def forward(self, x):
+        return torch.stack([x, self.norm(self.fc(x))]).sum(0)
+
+
+def stack_net(width=8, depth=3):
+    torch.manual_seed(0)
+    return nn.Sequential(*(StackBlock(width) for _ in range(depth)))
+
+
+def test_blocks_are_found_from_the_forward():
+    net, x = PlainNet(depth=4), torch.randn(3, 8)
+    assert residual_blocks(net) == {f"layers.{i}": [f"layers.{i}.mlp"] for i in range(4)}
+    handle = scale_residual_branches(net)  # K = 4 blocks found, alpha = 2/4, probed on a derived input
+    assert handle.depth == 4 and handle.alpha == 0.5 and handle.blocks == tuple(f"layers.{i}" for i in range(4))
+    torch.testing.assert_close(net(x), hand_scaled(0.5, x))
+    # One branch per block and a 2-layer MLP: the contribution is exactly linear in alpha.
+    assert handle.probe_alpha == 2 ** -4 and all(abs(r - 1) < 1e-4 for r in handle.measured.values())
+
+
+def test_unfound_blocks_are_an_error_that_says_how_to_name_them():
+    with pytest.raises(ValueError, match=r"found no residual branches in Sequential.*branches=\[") as info:
+        scale_residual_branches(stack_net())
+    assert "residual_branches()" in str(info.value) and "'0.fc'" in str(info.value)
     with pytest.raises(ValueError, match="depth=K"):
         scale_residual_branches(PlainNet(), branches=["layers.*.mlp"])  # what K counts is the user's to say
     with pytest.raises(ValueError, match="matches no module"):
         scale_residual_branches(PlainNet(), 0.5, branches=["blocks.*.mlp"])
+
+
+def test_named_branches_are_measured_where_no_add_is_found():
+    net, x = stack_net(), torch.randn(3, 8)
+    unscaled = net(x)
+    handle = scale_residual_branches(net, depth=3, branches=["*.norm"])  # right: verified by the ratio alone
+    assert handle.blocks == ("0", "1", "2") and all(abs(r - 1) < 1e-4 for r in handle.measured.values())
+    handle.remove()
+    # The norm undoes a scale on fc: the block's contribution does not shrink, and the call says so.
+    with pytest.raises(ValueError, match=r"block 0: with branches \['0.fc'\] scaled by alpha = 0.0625, its "
+                                         r"contribution .* is 0\.99\d* times the unscaled one"):
+        scale_residual_branches(net, depth=3, branches=["*.fc"])
+    assert residual_scales(net) == {}  # nothing left behind
+    torch.testing.assert_close(net(x), unscaled)
+
+
+def test_a_failed_call_leaves_earlier_scales_and_modes_as_they_were():
+    net, x = PlainNet(), torch.randn(3, 8)
+    scale_residual_branches(net, 0.25)
+    before, state = net(x), torch.random.get_rng_state()
+    net.train()
+    with pytest.raises(ValueError, match="block layers.0"):
+        scale_residual_branches(net, 0.5, branches=["layers.*.mlp.0"])  # a Linear before the Tanh
+    assert set(residual_scales(net).values()) == {0.25} and set(residual_scales(net)) == {
+        f"layers.{i}.mlp.2" for i in range(4)}
+    assert net.training and all(m.training for m in net.modules()) and torch.is_grad_enabled()
+    assert torch.equal(torch.random.get_rng_state(), state)  # the probe input has its own generator
+    torch.testing.assert_close(net(x), before)
+
+
+def test_zero_initialized_branches_cannot_be_verified_unless_told():
+    net = PlainNet()
+    for layer in net.layers:
+        nn.init.zeros_(layer.mlp[2].weight)
+        nn.init.zeros_(layer.mlp[2].bias)
+    with pytest.raises(ValueError, match="block layers.0 contributes nothing measurable.*verify=False"):
+        scale_residual_branches(net, depth=4, branches=["layers.*.mlp"])
+    handle = scale_residual_branches(net, depth=4, branches=["layers.*.mlp"], verify=False)
+    assert handle.measured == {} and set(residual_scales(net).values()) == {0.5}
+
+
+def test_on_the_meta_device_the_structure_is_still_checked():
+    with torch.device("meta"):
+        net = PlainNet()
+        handle = scale_residual_branches(net)
+        with pytest.raises(ValueError, match=r"block layers.0: a residual add takes the output of mlp, which is not"):
+            scale_residual_branches(net, 0.5, branches=["layers.*.mlp.0"])
+    assert handle.depth == 4 and handle.measured == {}  # no values: no ratios
+    assert set(residual_scales(net).values()) == {0.5}
+
+
+def test_the_probe_input_is_derived_or_given():
+    class TakesTwo(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = PlainNet()
+
+        def forward(self, x, shift):
+            return self.body(x + shift)
+
+    model = TakesTwo()
+    with pytest.raises(ValueError, match=r"unscaled probe forward of TakesTwo failed .*example_input="):
+        scale_residual_branches(model)
+    x = torch.randn(3, 8)
+    for example in [(x, 1.0), {"x": x, "shift": 1.0}]:
+        handle = scale_residual_branches(model, example_input=example)
+        assert handle.depth == 4 and len(handle.measured) == 4
 
 
 def test_named_branches_of_a_foreign_model_equal_the_hand_scaled_reference():

@@ -204,7 +204,7 @@ class GPT(nn.Module):
             cos, sin = rotary_tables(config.head_dim, config.block_size, config.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        scale_residual_branches(self, config.alpha)
+        scale_residual_branches(self, config.alpha, verify=False)  # declared branches, checked in tests
 
     def _init_weights(self) -> None:
         std = self.config.init_std
