@@ -262,6 +262,22 @@ def test_diverged_cells_are_data_and_early_stop_skips_larger_rates(tmp_path):
     assert rows[300.0]["status"] == "skipped" and rows[300.0]["train_loss"] == math.inf
 
 
+def test_a_sweep_with_failed_cells_exits_non_zero_and_says_how_many(tmp_path):
+    from typer.testing import CliRunner
+
+    from moga.cli import app
+
+    base = {**BASE, "train": {"steps": 2, "batch_size": 32}}
+    path = tmp_path / "sweep.yaml"  # a width of 0 passes the config and fails in the model's constructor
+    path.write_text(yaml.safe_dump({"base": base, "axes": {"model.width": [0, 16], "optim.lr": [0.05]},
+                                    "scale_key": "model.width"}))
+    result = CliRunner().invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out"), "--quiet"],
+                                terminal_width=200)
+    counts = SweepStore(tmp_path / "out").counts()
+    assert (counts["finished"], counts["failed"]) == (1, 1)
+    assert result.exit_code == 1 and "1 of 2 cells failed" in result.output, result.output
+
+
 def test_ray_executor(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'moga[ray]')")
     import ray

@@ -76,3 +76,35 @@ def test_status_of_a_directory_without_a_sweep_creates_nothing(tmp_path, make):
     out = CliRunner().invoke(_app(), ["sweep", "status", str(directory)], terminal_width=300)
     assert out.exit_code == 2 and "holds no sweep" in out.output, out.output
     assert not (directory / "sweep.db").exists()
+
+
+def test_a_stale_claim_is_judged_on_the_observers_clock_not_the_owners():
+    """A worker whose clock runs a day ahead (or behind) neither keeps its cell for a day nor loses it at once:
+    only the observer's own time since the heartbeat last changed counts. Both clocks injected, no sleeps."""
+    import tempfile
+    import time
+
+    sweep = Sweep.from_dict({"base": BASE, "axes": {"optim.lr": [0.05, 0.1], "model.depth": [1]},
+                             "scale_key": "model.depth"})
+    with tempfile.TemporaryDirectory() as tmp:
+        now = [1000.0]  # the observer's monotonic clock
+        observer = SweepStore(tmp, clock=lambda: now[0])
+        observer.create_or_check(sweep)
+        ahead = SweepStore(tmp, wall=lambda: time.time() + 86400)
+        behind = SweepStore(tmp, wall=lambda: time.time() - 86400)
+        remote = "another-host:1:aaaa"  # on another machine only the heartbeat tells whether it lives
+        first, second = ahead.claim(remote, 60)["id"], behind.claim(remote, 60)["id"]
+        assert observer.claim("here:2:bbbb", 60) is None  # first sight of both heartbeats, however old
+        now[0] += 59
+        assert observer.claim("here:2:bbbb", 60) is None
+        assert ahead.heartbeat(first, remote)  # the ahead worker lives on; the behind one has gone silent
+        now[0] += 2
+        assert observer.claim("here:2:bbbb", 60)["id"] == second
+        assert observer.claim("here:2:bbbb", 60) is None
+        now[0] += 59
+        assert observer.claim("here:2:bbbb", 60) is None  # 59 s since the observer saw it change
+        now[0] += 1
+        retaken = observer.claim("here:2:bbbb", 60)  # 60 s of silence on the observer's clock
+        assert retaken["id"] == first
+        assert [e["event"] for e in observer.events() if e["owner"] == "here:2:bbbb"] == ["retake", "retake"]
+        assert not ahead.heartbeat(first, remote)  # the old owner learns that it lost the cell

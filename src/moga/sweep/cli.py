@@ -80,6 +80,12 @@ def sweep(
         raise typer.Exit(130) from None
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "seconds")
     console.print(f"done in {counts['seconds']} s: {summary}")
-    if counts.get(Status.FAILED):
-        console.print(f"[yellow]{counts['failed']} cell(s) failed; see `moga sweep status {out}` "
-                      "and their errors in the store; --retry-failed runs them again[/yellow]")
+    failed = counts.get(Status.FAILED, 0)
+    if failed:  # a sweep with failed cells is unfinished work: exit non-zero, so scripts and CI notice
+        total = sum(v for k, v in counts.items() if k != "seconds")
+        console.print(f"[red]error:[/red] {failed} of {total} cells failed; see `moga sweep status {out}` "
+                      "and their errors in the store; --retry-failed runs them again")
+        errors = [c for c in SweepStore(out).cells() if c["status"] == Status.FAILED and c["error"]]
+        for cell in errors[:3]:  # the last line of a traceback says what went wrong
+            console.print(f"  {cell['id']}: {cell['error'].strip().splitlines()[-1]}", markup=False, highlight=False)
+        raise typer.Exit(1)

@@ -4,7 +4,8 @@ Every state change is one short transaction (``BEGIN IMMEDIATE`` takes the write
 number of processes, or machines sharing a filesystem with working locks, can work on one sweep: a cell
 is claimed by exactly one owner at a time, and a finished cell is written once. A claim is retaken
 when its owner stops heartbeating (``heartbeat_timeout``), or at once when the owner was a process on
-this host that no longer exists (e.g. killed with SIGKILL). Every claim and finish is logged in
+this host that no longer exists (e.g. killed with SIGKILL). Staleness is judged on the observer's own
+monotonic clock, from when it last saw the heartbeat change: another machine's clock may be a day off. Every claim and finish is logged in
 ``events``, which is how the tests check that no cell runs twice.
 
 The store only indexes what the run directories hold: each settled cell also has its ``result.json``.
@@ -116,9 +117,12 @@ def _changed_keys(a, b, prefix: str = "") -> list[str]:
 
 
 class SweepStore:
-    def __init__(self, sweep_dir: str | Path):
+    def __init__(self, sweep_dir: str | Path, *, wall=time.time, clock=time.monotonic):
         self.dir = Path(sweep_dir)
         self.path = self.dir / DB_NAME
+        self._wall = wall  # this machine's time, written into the store (another machine's may differ)
+        self._clock = clock  # the observer's own time, for judging heartbeats
+        self._beats: dict[str, tuple[tuple, float]] = {}  # cell -> (the claim's last heartbeat, seen since)
 
     # --- connection ------------------------------------------------------------------------------------
 
@@ -244,14 +248,15 @@ class SweepStore:
 
     def claim(self, owner: str, timeout: float) -> dict | None:
         """Atomically take the next pending cell, or a stale running one. None when nothing is claimable."""
-        now = time.time()
+        now = self._wall()
         with self._write() as con:
             row = con.execute("SELECT id, params FROM cells WHERE status = 'pending' ORDER BY idx LIMIT 1").fetchone()
             event = "claim"
             if row is None:
-                for cid, params, prev, beat in con.execute(
-                        "SELECT id, params, owner, heartbeat FROM cells WHERE status = 'running' ORDER BY idx"):
-                    if beat is None or beat < now - timeout or _owner_is_dead(prev):
+                seen_at = self._clock()
+                for cid, params, prev, beat, claims in con.execute(
+                        "SELECT id, params, owner, heartbeat, claims FROM cells WHERE status = 'running' ORDER BY idx"):
+                    if self._silent_for(cid, (prev, beat, claims), seen_at) >= timeout or _owner_is_dead(prev):
                         row, event = (cid, params), "retake"
                         break
             if row is None:
@@ -262,11 +267,23 @@ class SweepStore:
             con.execute("INSERT INTO events (cell, event, owner, time) VALUES (?, ?, ?, ?)", (row[0], event, owner, now))
         return {"id": row[0], "params": json.loads(row[1])}
 
+    def _silent_for(self, cell: str, beat: tuple, now: float) -> float:
+        """How long, on this observer's clock, the claim's heartbeat has not changed (0 when it just did).
+
+        The stored heartbeat is the owner's wall-clock time: only whether it changes is trusted, never its value.
+        """
+        last = self._beats.get(cell)
+        if last is None or last[0] != beat:
+            self._beats[cell] = (beat, now)
+            return 0.0
+        return now - last[1]
+
     def heartbeat(self, cell: str, owner: str) -> bool:
         """Refresh the claim; False when it was lost (retaken by someone else)."""
         with self._write() as con:
-            cur = con.execute("UPDATE cells SET heartbeat = ? WHERE id = ? AND owner = ? AND status = 'running'",
-                              (time.time(), cell, owner))
+            # always a new value, even from a clock that stands still or steps back: observers see it change
+            cur = con.execute("UPDATE cells SET heartbeat = MAX(?, COALESCE(heartbeat, 0) + 0.001) "
+                              "WHERE id = ? AND owner = ? AND status = 'running'", (self._wall(), cell, owner))
             return cur.rowcount == 1
 
     def finish(self, cell: str, owner: str, status: str, result: dict | None = None, error: str | None = None) -> bool:
