@@ -52,6 +52,22 @@ def final_losses(store: SweepStore) -> dict:
     return {c["id"]: (c["status"], c["result"]["final_train_loss"], c["result"]["val_loss"]) for c in store.cells()}
 
 
+def test_a_cells_losses_do_not_depend_on_the_number_of_workers(tmp_path):
+    """Every cell runs with the sweep's own thread count, whatever the workers; it is recorded in the cell."""
+    axes = {"optim.name": ["moga"], "model.depth": [2], "optim.lr": [0.05, 0.1]}
+    path = write_sweep(tmp_path, axes=axes)
+    stores = {}
+    for workers in (1, 2):
+        run_sweep(Sweep.from_file(path), tmp_path / f"w{workers}", workers=workers, progress=False)
+        stores[workers] = SweepStore(tmp_path / f"w{workers}")
+    assert final_losses(stores[1]) == final_losses(stores[2])
+    assert {c["result"]["threads"] for s in stores.values() for c in s.cells()} == {1}
+    (tmp_path / "two").mkdir()
+    two = write_sweep(tmp_path / "two", axes={**axes, "optim.lr": [0.05]}, threads=2)
+    run_sweep(Sweep.from_file(two), tmp_path / "t2", workers=1, progress=False)
+    assert {c["result"]["threads"] for c in SweepStore(tmp_path / "t2").cells()} == {2}
+
+
 def _default_sigint() -> None:
     # A test run started in the background (nohup, `cmd &` in a script) inherits SIGINT ignored, and
     # Python then never raises KeyboardInterrupt: give the sweep a terminal's default, as a user has it.

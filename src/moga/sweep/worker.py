@@ -143,6 +143,7 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                     else:
                         result = train_cell(sweep.config(params), store.cell_dir(cid))
                 stop.raise_now = False
+                result["threads"] = torch.get_num_threads()  # recorded: the losses depend on it
                 status = result.get("status", Status.FINISHED)
                 if status in DONE:
                     store.finish(cid, owner, status, result)
