@@ -16,7 +16,7 @@ from moga.depth import (
     residual_scales,
     scale_residual_branches,
 )
-from moga.models import ResidualMLP
+from moga.models import GPT, CifarResNet, ResidualMLP
 
 
 class PlainBlock(nn.Module):
@@ -251,6 +251,54 @@ def test_this_projects_blocks_are_known():
     torch.testing.assert_close(model(x), unscaled)
 
 
+class TorchvisionStyleBlock(nn.Module):
+    """torchvision's BasicBlock, written out: ``out += identity`` after bn2, a projection shortcut."""
+
+    def __init__(self, c_in, c_out, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.downsample = None
+        if stride != 1 or c_in != c_out:
+            self.downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+        out += identity
+        return torch.relu(out)
+
+
+def test_convolutional_blocks_with_projection_shortcuts():
+    def build():
+        torch.manual_seed(0)
+        blocks = [TorchvisionStyleBlock(3, 4, 1), TorchvisionStyleBlock(4, 4, 1), TorchvisionStyleBlock(4, 8, 2)]
+        return nn.Sequential(nn.Conv2d(3, 3, 3, padding=1), *blocks).eval()
+
+    model, reference, x = build(), build(), torch.randn(2, 3, 8, 8)
+    handle = scale_residual_branches(model)  # the shortcut costs one conv, the branch two: bn2 ends the branch
+    assert handle.branches == ("1.bn2", "2.bn2", "3.bn2") and handle.alpha == 2 / 3
+    with torch.no_grad():
+        for i in (1, 2, 3):
+            reference[i].bn2.weight.mul_(2 / 3)
+            reference[i].bn2.bias.mul_(2 / 3)
+        torch.testing.assert_close(model(x), reference(x))
+
+
+@pytest.mark.parametrize("build", [
+    lambda: ResidualMLP(6, 2, width=8, depth=3, seed=0),
+    lambda: GPT(n_layer=2, n_embd=16, n_head=2, vocab_size=32, block_size=8),
+    lambda: GPT(n_layer=2, n_embd=16, n_head=2, vocab_size=32, block_size=8, style="llama"),
+    lambda: CifarResNet((1, 1), base_channels=4, num_classes=3, seed=0),
+], ids=["residual_mlp", "gpt2", "gpt_llama", "resnet"])
+def test_this_projects_declared_branches_agree_with_the_trace(build):
+    model = build()
+    declared = residual_blocks(model)
+    assert declared and residual_blocks(model, declared=False) == declared
+
+
 # --- foreign libraries ---------------------------------------------------------------------------------
 
 
@@ -321,7 +369,7 @@ HF_BRANCH_ENDS = {
     "mistral": ("self_attn.o_proj", "mlp.down_proj"),
     "qwen2_tied": ("self_attn.o_proj", "mlp.down_proj"),
     "bert": ("attention.output.dense", "layer.*.output.dense"),
-    "vit": ("attention.o_proj", "mlp.fc2"),
+    "vit": ("attention.o_proj", "mlp.fc2", "attention.output.dense", "layer.*.output.dense"),  # 5.x, 4.x
     "t5": ("SelfAttention.o", "EncDecAttention.o", "DenseReluDense.wo"),
 }
 

@@ -222,11 +222,12 @@ def residual_scales(model: nn.Module) -> dict[str, float]:
     }
 
 
-def residual_blocks(model: nn.Module, example_input=None) -> dict[str, list[str]]:
+def residual_blocks(model: nn.Module, example_input=None, declared: bool = True) -> dict[str, list[str]]:
     """Block name -> names of its branch modules, found from one probe forward of ``model`` (see
-    ``moga.depth.trace``); blocks with a ``residual_branches()`` method name their own."""
+    ``moga.depth.trace``); blocks with a ``residual_branches()`` method name their own unless
+    ``declared=False``."""
     with _probe_mode(model):
-        found, _, _ = _find(model, *example_call(model, example_input))
+        found, _, _ = _find(model, *example_call(model, example_input), declared)
     return {b: names for b, names in found.items() if names}
 
 
@@ -280,12 +281,12 @@ def _candidates(model: nn.Module) -> list[str]:
     return found
 
 
-def _find(model: nn.Module, args: tuple, kwargs: dict):
+def _find(model: nn.Module, args: tuple, kwargs: dict, use_declared: bool = True):
     """Blocks -> their branches (declared or found), each block's recorded call, and the problems met."""
     candidates = _candidates(model)
     trace = Trace(model, set(candidates))
     _run(model, trace, args, kwargs, "the unscaled probe forward")
-    declared = _declared_blocks(model)
+    declared = _declared_blocks(model) if use_declared else {}
     found: dict[str, list[str]] = {}
     problems: dict[str, list[str]] = {}
     for name, _ in model.named_modules():

@@ -304,7 +304,5 @@ class Trace:
 
     def branch_hint(self, block: str) -> list[str]:
         """The modules whose outputs ``block``'s residual adds take, for an error message."""
-        try:
-            return self.branches(block)[0]
-        except RecursionError:
-            return []
+        order = {name: i for i, (name, _) in enumerate(self.model.named_modules())}
+        return sorted(self.branches(block)[0], key=order.__getitem__)
