@@ -13,6 +13,7 @@ import math
 import warnings
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from moga.geometry import Col, Geometry, Row, Sign
@@ -116,8 +117,14 @@ def fits(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None) -> b
     """The kernel's tensor requirements: plain tensors (a DTensor's local shard, not the DTensor), one dtype
     it knows, dense, contiguous, one device."""
     tensors = (param, grad) if buf is None else (param, grad, buf)
-    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) and param.dtype in DTYPES and all(t.dtype == param.dtype and t.device == param.device for t in tensors)
+    return (all(plain_tensor(t) for t in tensors) and param.dtype in DTYPES and all(t.dtype == param.dtype and t.device == param.device for t in tensors)
             and all(t.layout == torch.strided and t.is_contiguous() for t in tensors))
+
+
+def plain_tensor(t: torch.Tensor) -> bool:
+    """A tensor itself, not a wrapper such as a DTensor (whose local shard is the plain tensor). A FakeTensor,
+    torch's stand-in for one when tracing, counts as plain: a traced step takes the paths a real one takes."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) or isinstance(t, FakeTensor)
 
 
 def fused_lmo_step_(

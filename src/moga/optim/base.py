@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 from moga.geometry import Geometry, Spectral, parse_geometry
 from moga.kernels import DTYPES as KERNEL_DTYPES
 from moga.kernels import (all_finite, check_kernel, covers, fused_available, fused_lmo_step_, fused_ready,
-                          fused_split_step_)
+                          fused_split_step_, plain_tensor)
 from moga.layout import Layout, as_layout, resolve_layout
 from moga.optim import sharded
 from moga.optim.multipliers import apply_multipliers
@@ -423,7 +423,7 @@ class GeometryOptimizer(Optimizer):
         grads = [p.grad for *_, params in work for p in params]
         device = local(grads[0]).device
         shards = [local(g) for g in grads]
-        plain = all(type(g) is torch.Tensor for g in shards)
+        plain = all(plain_tensor(g) for g in shards)
         if plain and self.kernel != "torch" and fused_ready(device) and all(g.dtype in KERNEL_DTYPES for g in shards):
             ok = all_finite(shards)  # one exact read-only pass in C++ (x * 0 is NaN only for NaN and inf)
         else:
@@ -646,7 +646,7 @@ def _fused_sgd_applies(bufs: list[torch.Tensor], grads: list[torch.Tensor]) -> b
         return False
     device, dtype = bufs[0].device, bufs[0].dtype
     return device.type in ("cpu", "cuda") and all(
-        t.device == device and t.dtype == dtype and type(t) is torch.Tensor for t in (*bufs, *grads)
+        t.device == device and t.dtype == dtype and plain_tensor(t) for t in (*bufs, *grads)
     ) and _same_memory_order(bufs, grads)
 
 

@@ -1,0 +1,122 @@
+"""One step of every optimizer traced on fake CUDA tensors (a CPU-only torch suffices): no host sync, no copy
+from the host, no op mixing devices, and at most a budget of device ops per step, so a regression in launches
+fails here before any GPU sees it. See tests/fake_cuda.py for how the trace works."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import moga.kernels
+from moga.hardware import assume
+from moga.optim import MOGA, Muon, ScaledAdamW
+
+from ..fake_cuda import HostSync, fake_cuda, trace
+
+
+class Net(nn.Module):
+    """Ten parameters in every role: an embedding, hidden and readout matrices, biases, norm gains."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.norm1, self.norm2 = nn.LayerNorm(16), nn.LayerNorm(16)
+        self.hidden1, self.hidden2 = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.head = nn.Linear(16, 32, bias=False)
+
+
+def fake_net(dtype: torch.dtype) -> nn.Module:
+    """Net with fake CUDA parameters and gradients (call inside fake_cuda())."""
+    with torch.device("meta"):
+        net = Net()
+    for module in net.modules():
+        for name, p in [(k, v) for k, v in module._parameters.items() if v is not None]:
+            module._parameters[name] = nn.Parameter(torch.empty(p.shape, device="cuda", dtype=dtype))
+    for p in net.parameters():
+        p.grad = torch.empty_like(p)
+    return net
+
+
+OPTIMIZERS = {
+    "moga": lambda m, **kw: MOGA(m, **kw),
+    "moga-ignore": lambda m, **kw: MOGA(m, nonfinite="ignore", **kw),
+    "moga-p1.5-sign": lambda m, **kw: MOGA(m, p=1.5, vectors="sign", **kw),
+    "moga-p-inf": lambda m, **kw: MOGA(m, p=float("inf"), **kw),
+    "moga-col": lambda m, **kw: MOGA(m, geometries={"hidden": "col(q=2)", "readout": "col(q=3)"}, **kw),
+    "muon": lambda m, **kw: Muon(m, **kw),
+    "scaled-adamw": lambda m, **kw: ScaledAdamW(m, **kw),
+}
+PRECISIONS = {
+    "fp32": (torch.float32, {}),
+    "bf16": (torch.bfloat16, {}),
+    "bf16-master": (torch.bfloat16, {"master_weights": True}),
+    "bf16-state": (torch.bfloat16, {"state_dtype": torch.bfloat16}),
+}
+
+# Device ops of one steady-state step (the second), measured; lower is better, more fails.
+BUDGET = {  # (optimizer, kernel): ops for fp32, bf16, bf16-master, bf16-state
+    ('moga', 'torch'): (152, 341, 351, 373),
+    ('moga', 'auto'): (65, 347, 357, 258),
+    ('moga-ignore', 'torch'): (82, 193, 203, 225),
+    ('moga-ignore', 'auto'): (18, 193, 203, 149),
+    ('moga-p1.5-sign', 'torch'): (258, 308, 318, 328),
+    ('moga-p1.5-sign', 'auto'): (123, 314, 324, 165),
+    ('moga-p-inf', 'torch'): (161, 350, 360, 382),
+    ('moga-p-inf', 'auto'): (142, 356, 366, 356),
+    ('moga-col', 'torch'): (180, 369, 379, 401),
+    ('moga-col', 'auto'): (65, 375, 385, 258),
+    ('muon', 'torch'): (370, 559, 569, 591),
+    ('muon', 'auto'): (344, 561, 571, 558),
+    ('scaled-adamw', 'torch'): (76, 374, 384, 414),
+    ('scaled-adamw', 'auto'): (76, 374, 384, 414),
+}
+
+
+def traced_step(name: str, precision: str, kernel: str, steps: int = 2):
+    dtype, options = PRECISIONS[precision]
+    with fake_cuda(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # kernel="auto" without triton: the one-line fallback warning
+        net = fake_net(dtype)
+        opt = OPTIMIZERS[name](net, kernel=kernel, **options)
+        for _ in range(steps - 1):
+            opt.step()
+        return trace(opt.step), opt
+
+
+@pytest.fixture
+def fused_cuda_step(monkeypatch):
+    """kernel="auto" as on a GPU machine: triton present and the compiled step available (its custom op's
+    fake kernel stands in; the compiled step itself is tested in tests/kernels)."""
+    monkeypatch.setitem(moga.kernels._unavailable, "cuda", "")
+    with assume(triton=True):
+        yield
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("kernel", ["torch", "auto"])
+def test_a_step_on_cuda_never_waits_for_the_host_or_mixes_devices(name, precision, kernel, request):
+    if kernel == "auto":
+        request.getfixturevalue("fused_cuda_step")
+    step, opt = traced_step(name, precision, kernel)
+    assert step.syncs == [] and step.host_to_device == [] and step.mixed == []
+    assert all(t.device.type == "cuda" for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    budget = BUDGET[name, kernel][list(PRECISIONS).index(precision)]
+    assert step.count <= budget, (step.count, budget, step.ops.most_common(12))
+
+
+def test_the_trace_sees_host_reads_host_copies_and_mixed_devices():
+    with fake_cuda():
+        x = torch.zeros(3, device="cuda")
+        assert trace(lambda: torch.tensor(0.5, device="cuda")).host_to_device == ["_to_copy at ?"]
+        assert trace(lambda: x.add_(torch.tensor(0.5))).mixed == ["add_ on ['cpu', 'cuda'] at ?"]
+        assert len(trace(lambda: x.cpu()).syncs) == 1
+        with pytest.raises(HostSync, match="_local_scalar_dense"):
+            trace(lambda: float(x.sum()))
+        net = fake_net(torch.float32)
+        opt = MOGA(net, nonfinite="raise", kernel="torch")  # documented: it reads the flag every step
+        with pytest.raises(HostSync, match=r"optim/base.py:\d+"):
+            trace(opt.step)
