@@ -93,6 +93,10 @@ def test_unfound_blocks_are_an_error_that_says_how_to_name_them():
     with pytest.raises(ValueError, match=r"found no residual branches in Sequential.*branches=\[") as info:
         scale_residual_branches(stack_net())
     assert "residual_branches()" in str(info.value) and "'0.fc'" in str(info.value)
+    shared = PlainNet(depth=1)
+    shared.layers = nn.ModuleList([shared.layers[0]] * 3)  # one block, three calls
+    with pytest.raises(ValueError, match=r"In layers.0, it ran 3 times in one forward"):
+        scale_residual_branches(shared)
     with pytest.raises(ValueError, match="depth=K"):
         scale_residual_branches(PlainNet(), branches=["layers.*.mlp"])  # what K counts is the user's to say
     with pytest.raises(ValueError, match="matches no module"):

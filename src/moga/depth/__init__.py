@@ -301,6 +301,9 @@ def _find(model: nn.Module, args: tuple, kwargs: dict, use_declared: bool = True
             found[name] = declared[name]
         elif costs is not None and residual_adds(costs.call, costs):
             found[name], problems[name] = trace.branches(name)
+        elif len(trace.calls.get(name, [])) > 1:
+            problems[name] = [f"it ran {len(trace.calls[name])} times in one forward (shared weights?), and a block "
+                              "must run once for its scale to be checked"]
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     found = {b: sorted(names, key=order.__getitem__) for b, names in found.items()}
     calls = {c: (trace.calls[c][0].args, trace.calls[c][0].kwargs, trace.calls[c][0].output.tensor)
