@@ -3,6 +3,7 @@
 import json
 import time
 
+import numpy as np
 import pytest
 
 from moga.experiments.reproduce.catalog import Reproduction, get, merge
@@ -97,14 +98,17 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
 
     race = mini("race", base={"train": {"steps": 12}, "logging": {"log_every": 1}, "checkpoint": {"every": 6},
                               "eval": {"final_window": 4}},
-                axes={"optim.lr": {"by": "optim.name", "values": {"moga": [0.05], "muon": [0.05]}}})
+                axes={"train.steps": [12], "optim.lr": {"by": "optim.name", "values": {"moga": [0.05], "muon": [0.05]}}})
     shakespeare = dataset_or_skip("tinyshakespeare.txt", "tiny Shakespeare (the race miniature's text)")
     result = reproduce(race, runs / "quick" / "race", "quick", workers=2, progress=False, data=str(shakespeare))
     # one rate each is no tuning: whoever is faster, the race cannot decide the claim
-    assert result["outcome"] == "undecided" and "not decided: moga, muon best lr on the grid's edge" in result["key"]
-    assert "reaches loss" in result["key"] and len(result["details"]) == 2
-    reach = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text())["reach"]
-    assert set(reach) == {"moga", "muon"} and all(r["step"] <= 12 for r in reach.values())
+    assert result["outcome"] == "undecided" and "best lr on the grid's edge for moga, muon" in result["details"][0]
+    assert "needs" in result["details"][0] and len(result["details"]) == 1  # one budget in the miniature
+    (budget,) = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text()).values()
+    assert budget["seeds"] == [3, 3] and budget["best"]["moga"]["seeds"] == 3  # three seeds at each best rate
+    assert budget["subject_reach"]["step"] <= 12 and budget["rival_reach"]["step"] <= 12
+    lo, hi = budget["tokens_interval"]
+    assert lo <= budget["tokens_ratio"] <= hi
 
     table = results_table(load_outcomes(runs))
     assert table.count("\n") == 2 + 7  # header, rule, eight claims
@@ -119,3 +123,18 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     assert results_table(load_outcomes(tmp_path / "docs" / "reproduce")) == table
     with pytest.raises(ValueError, match="no <!-- reproduce:start -->"):
         update_readme(tmp_path / "docs" / "reproduce" / "quick" / "joint.json", runs)
+
+
+def test_race_ratios_and_their_intervals_on_known_curves():
+    from moga.experiments.reproduce.race import budget_state, race_budget
+
+    steps = np.arange(1, 101) * 10
+    times = np.tile(steps * 0.01, (3, 1))
+    # the subject's loss falls twice as fast per step; seeds differ a little
+    subject = {"steps": steps, "times": times, "loss": np.stack([3 - 0.02 * steps / 10 * (1 + 0.01 * s) for s in range(3)])}
+    rival = {"steps": steps, "times": times, "loss": np.stack([3 - 0.01 * steps / 10 * (1 + 0.01 * s) for s in range(3)])}
+    r = race_budget(subject, rival)
+    assert r["tokens_ratio"] == pytest.approx(0.5, abs=0.02) and r["time_ratio"] == pytest.approx(0.5, abs=0.02)
+    assert r["tokens_interval"][1] < 1 and budget_state(r) == "held"
+    swapped = race_budget(rival, subject)
+    assert swapped["tokens_interval"][0] > 1 and budget_state(swapped) == "failed"

@@ -45,8 +45,9 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
         run = lambda sw: run_sweep(sw, out, workers=workers, executor=executor,  # noqa: E731
                                    ray_address=ray_address, progress=progress, retry_failed=True)
         counts = run(sweep)
-        while rep.kind == "transfer" and max_seeds > 1:
-            extra = _seeds_wanted(rep, sweep, out, max_regret, min_seeds, max_seeds)
+        while rep.kind in ("transfer", "race") and max_seeds > 1:
+            extra = (_seeds_wanted(rep, sweep, out, max_regret, min_seeds, max_seeds) if rep.kind == "transfer"
+                     else _race_seeds(rep, sweep, out, min_seeds))
             if not extra:
                 break
             include += extra
@@ -91,6 +92,13 @@ def _seeds_wanted(rep: Reproduction, sweep, out: Path, max_regret: float, min_se
     summaries = analyze(rows, scale_key=scale_key, group_keys=rep.group_keys, max_regret=max_regret)
     params = {c["id"]: c["params"] for c in SweepStore(out).cells()}
     return more_seeds(summaries, rows, scale_key, rep.group_keys, params.__getitem__, min_seeds, max_seeds)
+
+
+def _race_seeds(rep: Reproduction, sweep, out: Path, min_seeds: int) -> list:
+    from moga.experiments.reproduce.race import race_seeds
+    from moga.sweep.store import SweepStore
+
+    return race_seeds(SweepStore(out), sweep, rep.raw.get("contenders", ["moga", "muon"]), min_seeds)
 
 
 def _earlier_seconds(path: Path) -> float:
@@ -286,87 +294,13 @@ def _panel_params(panel: dict) -> dict:
 
 
 def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
-    """Each contender's best lr (lowest final training loss); the loss both best runs reach; who gets there
-    first in wall-clock time and in tokens."""
-    from moga.sweep.store import SweepStore
-    from moga.train import read_metrics
+    from moga.experiments.reproduce.race import judge_race
 
-    store = SweepStore(out)
-    contenders = rep.raw.get("contenders", ["moga", "muon"])
-    best = {}
-    for c in store.cells():
-        name = c["params"].get("optim.name")
-        loss = (c["result"] or {}).get("final_train_loss")
-        if c["status"] == "finished" and name in contenders and loss is not None and math.isfinite(loss):
-            if name not in best or loss < best[name]["loss"]:
-                best[name] = {"loss": loss, "lr": c["params"]["optim.lr"], "cell": c["id"]}
-    if len(best) < len(contenders):
-        missing = [n for n in contenders if n not in best]
-        return {"outcome": "undecided", "key": "", "details": [f"no finished run for {', '.join(missing)}"]}
-    tokens_per_step = sweep.base["train"]["batch_size"] * sweep.base["data"].get("block_size", 1)
-    curves = {}
-    for name, b in best.items():
-        train = read_metrics(store.cell_dir(b["cell"]) / "metrics.jsonl", "train")
-        curves[name] = {"step": [r["step"] for r in train], "time": [r["time"] for r in train],
-                        "loss": _smooth([r["loss"] for r in train])}
-    target = max(min(c["loss"]) for c in curves.values())  # the lowest loss every contender reaches
-    reach = {n: _first_reach(c, target) for n, c in curves.items()}
-    subject, rival = contenders[0], contenders[1]
-    faster_time = reach[subject]["time"] < reach[rival]["time"]
-    faster_tokens = reach[subject]["step"] < reach[rival]["step"]
-    outcome = "held" if faster_time and faster_tokens else "failed"
-    ratio_t = reach[rival]["time"] / reach[subject]["time"] if reach[subject]["time"] else math.nan
-    ratio_s = reach[rival]["step"] / reach[subject]["step"] if reach[subject]["step"] else math.nan
-    key = f"{subject} reaches loss {target:.3f} in {1 / ratio_t:.2f}x {rival}'s time, {1 / ratio_s:.2f}x its tokens"
-    grids = {n: sorted(c["params"]["optim.lr"] for c in store.cells() if c["params"].get("optim.name") == n)
-             for n in contenders}
-    details = [f"{n}: best lr {best[n]['lr']:g}"
-               + (" (at the edge of its lr grid: it may not be tuned)" if best[n]["lr"] in (grids[n][0], grids[n][-1])
-                  else "")
-               + f", final loss {best[n]['loss']:.4f}, reaches {target:.4f} at step "
-               f"{reach[n]['step']} ({reach[n]['step'] * tokens_per_step} tokens, {reach[n]['time']:.1f} s)"
-               for n in contenders]
-    untuned = [n for n in contenders if best[n]["lr"] in (grids[n][0], grids[n][-1])]
-    if untuned:  # a contender whose best rate is on its grid's edge may not be tuned: the race is not fair
-        outcome = "undecided"
-        key += f" (not decided: {', '.join(untuned)} best lr on the grid's edge)"
-    figure = _plot_race(curves, tokens_per_step, target, out / "report" / "race.png")
-    (out / "report" / "race.json").write_text(json.dumps({"best": best, "target": target, "reach": reach}, indent=1))
-    return {"outcome": outcome, "key": key, "details": details, "figures": [str(figure)],
-            "report": str(out / "report" / "race.json")}
-
-
-def _smooth(values: list[float], window: int = 5) -> list[float]:
-    """Trailing mean, so one lucky batch does not count as reaching the target."""
-    return [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
-            for i in range(len(values))]
-
-
-def _first_reach(curve: dict, target: float) -> dict:
-    i = next(i for i, v in enumerate(curve["loss"]) if v <= target + 1e-12)
-    return {"step": curve["step"][i], "time": curve["time"][i]}
-
-
-def _plot_race(curves: dict, tokens_per_step: int, target: float, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for name, c in curves.items():
-        axes[0].plot(c["time"], c["loss"], label=name)
-        axes[1].plot([s * tokens_per_step for s in c["step"]], c["loss"], label=name)
-    for ax, xlabel in zip(axes, ("wall-clock seconds", "tokens")):
-        ax.axhline(target, color="grey", ls=":", lw=1)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("training loss (trailing mean of 5 logs)")
-        ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    cell = next(c for c in sweep.cells if c.get("optim.name") == rep.raw.get("contenders", ["moga"])[0])
+    result = judge_race(rep, sweep, out, cell_cost(sweep.config(cell))["params"])
+    (out / "report").mkdir(parents=True, exist_ok=True)
+    (out / "report" / "race.json").write_text(json.dumps(_finite(result["race"]), indent=1) + "\n")
+    return {**result, "report": str(out / "report" / "race.json")}
 
 
 def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, progress: bool) -> dict:
