@@ -43,6 +43,7 @@ class StepTrace(TorchDispatchMode):
         self.host_to_device: list[str] = []
         self.mixed: list[str] = []
         self.syncs: list[str] = []
+        self.collectives: list[tuple[str, set[str]]] = []  # (c10d op, devices of the tensors passed to it)
 
     @property
     def count(self) -> int:
@@ -57,7 +58,9 @@ class StepTrace(TorchDispatchMode):
         if func is aten._local_scalar_dense.default:
             self.syncs.append(f"{name} at {_where()}")
             raise HostSync(f"host sync: {name} at {_where()}")
-        if len(devices) > 1 and func not in COPIES:  # before running it: fake tensors refuse most of these
+        if func.namespace == "c10d":
+            self.collectives.append((name, devices))
+        elif len(devices) > 1 and func not in COPIES:  # before running it: fake tensors refuse most of these
             self.mixed.append(f"{name} on {sorted(devices)} at {_where()}")
         out = func(*args, **kwargs)
         if func in COPIES:

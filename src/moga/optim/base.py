@@ -156,7 +156,7 @@ class GeometryOptimizer(Optimizer):
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
         # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
-        for device in {local(p).device for plan, group in zip(self._plans, self.param_groups)
+        for device in {p.device for plan, group in zip(self._plans, self.param_groups)  # a DTensor's: its shard's
                        if group["update"] == "lmo" and covers(plan.geometry) for p in group["params"]}:
             fused_available(self.kernel, device)
 

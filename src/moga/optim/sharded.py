@@ -201,7 +201,8 @@ def owners(jobs: list[WholeJob], world: int) -> list[int]:
 
 def _full_update(job: WholeJob, full_direction: torch.Tensor) -> torch.Tensor:
     upd = torch.zeros_like(full_direction)
-    job.geometry.apply_lmo_(upd, full_direction, job.lr, job.layout)
+    lr = job.lr.to(upd.device) if isinstance(job.lr, torch.Tensor) else job.lr  # offloaded: from the CPU
+    job.geometry.apply_lmo_(upd, full_direction, lr, job.layout)
     return upd
 
 
@@ -235,11 +236,13 @@ def step_whole_sharded(jobs: list[WholeJob]) -> None:
         mesh = job.param.device_mesh
         key = (mesh, mesh_dim, dim, job.direction.dtype)  # equal meshes built by separate calls: one bucket
         buckets.setdefault(key, (mesh.get_group(mesh_dim), []))[1].append(job)
-    for (_, _, dim, dtype), (group, bucket) in buckets.items():
-        _exchange(bucket, group, dim, dtype)
+    for (mesh, _, dim, dtype), (group, bucket) in buckets.items():
+        _exchange(bucket, group, dim, dtype, mesh.device_type)
 
 
-def _exchange(jobs: list[WholeJob], group, dim: int, dtype) -> None:
+def _exchange(jobs: list[WholeJob], group, dim: int, dtype, device: str) -> None:
+    """The two all-to-alls on the mesh's ``device`` (NCCL takes device tensors only): CPU-offloaded shards
+    go there and their updates come back; the owners orthogonalize there."""
     world, me = dist.get_world_size(group), dist.get_rank(group)
     owner = owners(jobs, world)
     shapes = [_shard_shapes(tuple(j.param.shape), dim, world) for j in jobs]
@@ -249,7 +252,7 @@ def _exchange(jobs: list[WholeJob], group, dim: int, dtype) -> None:
     send = [jobs[k].direction.reshape(-1) for r in range(world) for k in range(len(jobs)) if owner[k] == r]
     in_splits = [sum(numel(shapes[k][me]) for k in range(len(jobs)) if owner[k] == r) for r in range(world)]
     out_splits = [sum(numel(shapes[k][s]) for k in mine) for s in range(world)]
-    recv = _all_to_all(send, in_splits, out_splits, dtype, group)
+    recv = _all_to_all(send, in_splits, out_splits, dtype, group, device)
     pieces: dict[int, list[torch.Tensor]] = {k: [] for k in mine}
     offset = 0
     for s in range(world):
@@ -261,13 +264,14 @@ def _exchange(jobs: list[WholeJob], group, dim: int, dtype) -> None:
     updates = {k: _full_update(jobs[k], torch.cat(pieces[k], dim=dim)) for k in mine}
     send = [u.contiguous().reshape(-1) for s in range(world) for k in mine
             for u in (_slice(updates[k], dim, world, s),)]
-    back = _all_to_all(send, out_splits, in_splits, dtype, group)
+    back = _all_to_all(send, out_splits, in_splits, dtype, group, device)
     offset = 0
     for r in range(world):
         for k in range(len(jobs)):
             if owner[k] == r:
                 n = numel(shapes[k][me])
-                jobs[k].target.add_(back[offset: offset + n].view(shapes[k][me]))
+                target = jobs[k].target
+                target.add_(back[offset: offset + n].view(shapes[k][me]).to(target.device))
                 offset += n
 
 
@@ -276,10 +280,11 @@ def _slice(t: torch.Tensor, dim: int, world: int, s: int) -> torch.Tensor:
     return t.narrow(dim, sum(sizes[:s]), sizes[s])
 
 
-def _all_to_all(send: list[torch.Tensor], in_splits, out_splits, dtype, group) -> torch.Tensor:
-    flat = torch.cat(send) if send else torch.empty(0, dtype=dtype)
+def _all_to_all(send: list[torch.Tensor], in_splits, out_splits, dtype, group, device: str) -> torch.Tensor:
+    """On ``device``, also for a rank that sends nothing (it still takes part)."""
+    flat = torch.cat(send).to(device=device, dtype=dtype) if send else torch.empty(0, dtype=dtype, device=device)
     out = torch.empty(sum(out_splits), dtype=dtype, device=flat.device)
-    dist.all_to_all_single(out, flat.to(dtype), out_splits, in_splits, group=group)
+    dist.all_to_all_single(out, flat, out_splits, in_splits, group=group)
     return out
 
 

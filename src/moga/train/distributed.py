@@ -51,6 +51,12 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
+def group_backend(device: torch.device) -> str:
+    """NCCL for CUDA tensors, with gloo beside it for CPU ones: CPU-offloaded shards (train.offload) meet
+    in CPU collectives too, such as gradient clipping's total norm."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 def setup(device: str = "auto", parallel: str = "auto") -> Dist:
     """Join the process group torchrun describes (WORLD_SIZE > 1), or run alone.
 
@@ -69,7 +75,7 @@ def setup(device: str = "auto", parallel: str = "auto") -> Dist:
         return Dist(device=dev)
     owns = False
     if not dist.is_initialized():
-        backend = "nccl" if dev.type == "cuda" else "gloo"
+        backend = group_backend(dev)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         if world <= 1:  # one process: a group in memory, no rendezvous
