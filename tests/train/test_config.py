@@ -292,3 +292,17 @@ def test_a_run_with_lr_multipliers_logs_the_base_lr(tmp_path):
     import torch
     groups = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
     assert {g["role"]: g["lr_multiplier"] for g in groups}["input"] == 4.0
+
+
+def test_role_geometries_reach_the_plan_and_bad_specs_are_config_errors():
+    from moga.train.build import build_model, build_optimizer
+
+    cfg = build_config(tiny(optim={"geometries": {"readout": "adam:sign"}, "matrices": "col(q=2)"}))
+    opt = build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    by_role = {e.role: (e.geometry, e.update) for e in opt.plan}
+    assert by_role["readout"] == ("sign", "adam") and by_role["hidden"] == ("col(q=2)", "lmo")
+    with pytest.raises(ConfigError, match="optim.geometries: unknown geometry 'bogus'"):
+        build_config(tiny(optim={"geometries": {"readout": "bogus"}}))
+    with pytest.raises(ConfigError, match="optim.geometries.head"):
+        build_config(tiny(optim={"geometries": {"head": "sign"}}))
+    assert build_config(tiny(optim={"geometries": None})).hash() == build_config(tiny()).hash()

@@ -18,7 +18,7 @@ from moga.optim.adaptive import AdaptiveGD
 from moga.optim.moga import MOGA
 from moga.optim.muon import Muon
 
-_GEOMETRY_KEYS = frozenset({"betas", "eps", "overrides", "nonfinite", "lr_multipliers"})
+_GEOMETRY_KEYS = frozenset({"betas", "eps", "overrides", "nonfinite", "lr_multipliers", "geometries"})
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -52,8 +52,8 @@ def _torch(cls):
 
 def _moga(model, weight_decay=0.0, matrices=None, **kw):
     """MOGA; ``matrices`` (e.g. 'col(q=2)', column normalization) replaces row(p) on every matrix but the readout."""
-    if matrices is not None:
-        kw["geometries"] = {role: matrices for role in ("input", "hidden", "conv")}
+    if matrices is not None:  # the config's own geometries (e.g. a readout's) still win
+        kw["geometries"] = {**{role: matrices for role in ("input", "hidden", "conv")}, **(kw.get("geometries") or {})}
     return MOGA(model, weight_decay=weight_decay, **kw)
 
 

@@ -24,7 +24,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS
-from moga.roles import ROLES
+from moga.geometry import parse_geometry
+from moga.roles import ADAM_PREFIX, ROLES
 
 
 class ConfigError(ValueError):
@@ -175,9 +176,12 @@ class OptimConfig(_Section):
     layers: int | None = Field(None, ge=1, description="adaptive-gd: L, the number of layers "
                                "(default: from the model)")
     overrides: dict[str, str] | None = Field(None, description="role-plan overrides {parameter glob: role}")
-    lr_multipliers: dict[Literal[ROLES], Annotated[float, Field(gt=0)]] | None = Field(  # type: ignore[valid-type]
+    lr_multipliers: dict[Literal[ROLES], Annotated[float, Field(gt=0, strict=True)]] | None = Field(  # type: ignore[valid-type]
         None, description="moga family: {role: factor} on lr per role (embedding, readout, vector, ...); "
         "sweepable as optim.lr_multipliers.ROLE")
+    geometries: dict[Literal[ROLES], str] | None = Field(  # type: ignore[valid-type]
+        None, description="moga family: {role: geometry spec} in place of the optimizer's, e.g. readout: sign, "
+        "or adam:sign (Adam's direction with the sign geometry's 1/fan_in); sweepable as optim.geometries.ROLE")
     matrices: str | None = Field(None, description="moga: the geometry of input, hidden and conv matrices in "
                                  "place of row(p), e.g. 'col(q=2)' (the width paper's column normalization); "
                                  "the readout keeps row(p)")
@@ -191,6 +195,13 @@ class OptimConfig(_Section):
         "see moga.train.diagnostics)")
     smoothness_every: int = Field(10, gt=0, description="depth_paper, running L: measure it every N steps "
                                   "(two extra forward-backward passes each)")
+
+    @field_validator("geometries")
+    @classmethod
+    def _geometry_specs(cls, geometries):
+        for role, spec in (geometries or {}).items():
+            parse_geometry(spec.removeprefix(ADAM_PREFIX))  # a bad spec is a config error, before any run
+        return geometries
 
     @model_validator(mode="after")
     def _keys_fit_optimizer(self):
@@ -358,7 +369,8 @@ class RunConfig(_Section):
 UNHASHED = ("name", "logging", "checkpoint", "train.offload")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
 LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None,
-                        "fused": None, "lr_multipliers": None},
+                        "fused": None, "lr_multipliers": None,
+                        "geometries": None},
               "train": {"parallel": "auto", "precision": "fp32", "divergence_factor": 10.0}}
 
 

@@ -8,14 +8,14 @@ import torch
 from moga.experiments.reproduce.catalog import SCALES, catalog, cell_cost, data_inputs, get, merge
 from moga.train.build import build_model, build_optimizer
 
-NAMES = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint"]
+NAMES = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality"]
 
 
 def test_the_issue_names_every_reproduction():
     assert list(catalog()) == NAMES
     for rep in catalog().values():
         assert rep.paper and rep.figure and rep.claim
-        assert rep.kind in ("race", "convergence") or rep.expect, f"{rep.name} claims nothing about any panel"
+        assert rep.kind in ("race", "convergence", "quality") or rep.expect, f"{rep.name} claims nothing about any panel"
         paper = rep.scale("paper")
         assert paper.get("source") and paper.get("silent"), f"{rep.name}: say where the paper scale comes from"
 

@@ -22,7 +22,7 @@ import yaml
 
 CONFIGS = Path(__file__).parent / "configs"
 SCALES = ("quick", "cpu", "paper")
-KINDS = ("transfer", "joint", "race", "convergence")
+KINDS = ("transfer", "joint", "race", "convergence", "quality")
 # Calibrated on `moga demo` (108 residual-MLP runs, 1.4e13 training FLOPs), which took 420 s with 2 workers on
 # this project's 2-core machine when it was quiet; this model gives it 8 minutes. Used for estimates only.
 CPU_FLOPS_PER_CORE = 20e9
@@ -131,7 +131,7 @@ def catalog() -> dict[str, Reproduction]:
         if raw["kind"] not in KINDS:
             raise ReproduceError(f"{path.name}: kind must be one of {KINDS}, got {raw['kind']!r}")
         out[raw["name"]] = Reproduction(raw["name"], raw["paper"], str(raw["figure"]), raw["claim"], raw["kind"], raw)
-    order = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint"]
+    order = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality"]
     return {n: out[n] for n in sorted(out, key=lambda n: order.index(n) if n in order else len(order))}
 
 
@@ -153,8 +153,15 @@ def cell_cost(config) -> dict:
 
     d = config.data
     inputs, train_size = data_inputs(config)
-    with torch.device("meta"):
-        model = build_model(config, inputs)
+    try:
+        with torch.device("meta"):
+            model = build_model(config, inputs)
+    except ImportError:  # an optional integration (transformers) is missing: a GPT of the same size stands in
+        from moga.models import GPT
+
+        m = config.model.kwargs
+        with torch.device("meta"):
+            model = GPT(**{k: m[k] for k in ("n_layer", "n_embd") if k in m}, **inputs)
     params = sum(p.numel() for p in model.parameters())
     batch = config.train.batch_size if config.train.batch_size != "full" else train_size
     per_step = batch * (d.block_size if d.kind == "text" else 1)

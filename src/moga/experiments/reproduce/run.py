@@ -21,6 +21,7 @@ import math
 import time
 from pathlib import Path
 
+from moga.experiments.reproduce import quality
 from moga.experiments.reproduce.catalog import Reproduction, ReproduceError, cell_cost
 from moga.sweep.report.verdict import MAX_REGRET
 
@@ -53,7 +54,7 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
             include += extra
             sweep = _sweep(rep, scale, data, include)
             counts = run(sweep)
-        judge = {"transfer": _transfer, "joint": _joint, "race": _race}[rep.kind]
+        judge = {"transfer": _transfer, "joint": _joint, "race": _race, "quality": quality.judge}[rep.kind]
         outcome = judge(rep, sweep, out, max_regret)
         outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
         outcome["data"] = sweep.base["data"].get("name")

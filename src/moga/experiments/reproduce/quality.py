@@ -1,0 +1,293 @@
+"""Is what MOGA reaches competitive? Final losses of tuned optimizers compared with seed-bootstrap intervals.
+
+``moga reproduce quality`` (kind ``quality``): per model, budget and width, MOGA at the lr tuned at the
+smallest width (its transferred rate) against the best baseline tuned at that width (each optimizer's lr of
+lowest seed-mean loss, then the optimizer of lowest mean). The number is MOGA's seed-mean loss over the
+baseline's, minus 1, with a 95% interval from resampling seeds within each of the two cells (the choices of
+lr and baseline stay those of the full sample; choosing the lowest of several noisy baselines biases the
+baseline low, against MOGA). A cell **held** when the interval's upper end is within the goal (2%),
+**failed** when its lower end is beyond it, and is **inconclusive** otherwise, or when the side it favours may
+be under-tuned (a win over a baseline whose best lr is on its grid's edge, a loss at a transferred lr on the
+edge). The claim held when every cell held, failed when any failed, and is undecided otherwise.
+
+The ablation (``configs/sweeps/ablation_*.yaml``) uses the same comparison: each value of the ablated axes at
+its own tuned lr against MOGA's default (the first value of each axis), per width:
+``python -m moga.experiments.reproduce.quality ablation RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+GOAL = 0.02
+LEVEL = 0.95
+RESAMPLES = 2000
+OUTCOMES = ("held", "failed", "inconclusive")
+
+
+# --- statistics ------------------------------------------------------------------------------------------
+
+def seed_losses(rows: list[dict], where: dict, lr_key: str, seed_key: str, metric: str) -> dict[float, dict]:
+    """{lr: {seed: loss}} of the rows matching every key of ``where`` (a diverged cell's loss is inf)."""
+    out: dict[float, dict] = {}
+    for r in rows:
+        if all(_same(r.get(k), v) for k, v in where.items()):
+            out.setdefault(float(r[lr_key]), {})[r.get(seed_key, 0)] = float(r.get(metric, math.inf))
+    return out
+
+
+def best_lr(by_lr: dict[float, dict], seeds: int | None = None) -> float | None:
+    """The lr of lowest seed mean, over the lrs that have every seed (``seeds``: how many; default the most any
+    lr has); None when none has a finite mean."""
+    if not by_lr:
+        return None
+    seeds = seeds or max(len(s) for s in by_lr.values())
+    means = {lr: _mean(s.values()) for lr, s in by_lr.items() if len(s) >= seeds}
+    finite = {lr: m for lr, m in means.items() if math.isfinite(m)}
+    return min(finite, key=lambda lr: (finite[lr], lr)) if finite else None
+
+
+def relative_interval(subject: list[float], baseline: list[float], *, level: float = LEVEL,
+                      resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
+    """(point, low, high) of ``mean(subject) / mean(baseline) - 1``; the interval resamples the seeds of each
+    side independently (a percentile bootstrap). A diverged seed (inf) makes the resamples that draw it inf."""
+    point = _ratio(subject, baseline)
+    rng = random.Random(seed)
+    draws = sorted(_ratio(rng.choices(subject, k=len(subject)), rng.choices(baseline, k=len(baseline)))
+                   for _ in range(resamples))
+    tail = (1 - level) / 2
+    low = draws[max(0, math.floor(tail * resamples))]
+    high = draws[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]
+    return point, low, high
+
+
+def verdict(low: float, high: float, goal: float = GOAL) -> str:
+    return "held" if high <= goal else "failed" if low > goal else "inconclusive"
+
+
+def _ratio(a, b) -> float:
+    ma, mb = _mean(a), _mean(b)
+    if math.isinf(ma):
+        return math.inf
+    return ma / mb - 1 if mb > 0 else math.nan
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+# --- the quality claim -----------------------------------------------------------------------------------
+
+def compare(rows: list[dict], *, subject: str, baselines: list[str], scale_key: str, budget_key: str | None = None,
+            panel_keys: tuple[str, ...] = (), lr_key: str = "optim.lr", seed_key: str = "seed",
+            metric: str = "train_loss", goal: float = GOAL, resamples: int = RESAMPLES) -> list[dict]:
+    """One entry per panel (e.g. model), budget and width: the subject at the lr tuned at the smallest width
+    against the best baseline tuned at this width, with its interval and outcome."""
+    out = []
+    panels = sorted({tuple(r.get(k) for k in panel_keys) for r in rows}, key=str)
+    budgets = sorted({r.get(budget_key) for r in rows}, key=_order) if budget_key else [None]
+    for panel in panels:
+        where_panel = dict(zip(panel_keys, panel))
+        for budget in budgets:
+            where = {**where_panel, **({budget_key: budget} if budget_key else {})}
+            scales = sorted({r[scale_key] for r in rows if all(_same(r.get(k), v) for k, v in where.items())})
+            if not scales:
+                continue
+            grid = seed_losses(rows, {**where, "optim.name": subject, scale_key: scales[0]}, lr_key, seed_key, metric)
+            tuned = best_lr(grid)
+            for scale in scales:
+                cell = {**where_panel, **({"budget": budget} if budget_key else {}), "scale": scale,
+                        "subject": subject, "subject_lr": tuned, "tuned_at": scales[0],
+                        "subject_lr_on_edge": tuned is not None and tuned in (min(grid), max(grid))}
+                mine = seed_losses(rows, {**where, "optim.name": subject, scale_key: scale}, lr_key, seed_key, metric)
+                rivals = {}
+                for name in baselines:
+                    theirs = seed_losses(rows, {**where, "optim.name": name, scale_key: scale}, lr_key, seed_key, metric)
+                    lr = best_lr(theirs)
+                    if lr is not None:
+                        rivals[name] = (lr, theirs[lr], lr in (min(theirs), max(theirs)))
+                if tuned is None or tuned not in mine or not rivals:
+                    out.append({**cell, "outcome": "inconclusive", "note": "missing cells: no tuned subject or baseline"})
+                    continue
+                name, (lr, losses, edge) = min(rivals.items(), key=lambda kv: _mean(kv[1][1].values()))
+                a, b = list(mine[tuned].values()), list(losses.values())
+                point, low, high = relative_interval(a, b, resamples=resamples)
+                diverged = sum(math.isinf(x) for x in a)
+                out.append({**cell, "subject_losses": a, "subject_loss": _mean(a), "baseline": name, "baseline_lr": lr,
+                            "baseline_lr_on_edge": edge, "baseline_losses": b, "baseline_loss": _mean(b),
+                            "others": {n: {"lr": v[0], "loss": _mean(v[1].values())} for n, v in rivals.items()},
+                            "seeds": len(a), "baseline_seeds": len(b), "relative": point, "low": low, "high": high,
+                            # a seed that diverges at the transferred rate: the rate does not serve this width
+                            "outcome": "failed" if diverged else _tuned_verdict(verdict(low, high, goal), cell, edge),
+                            **({"note": f"diverged on {diverged} of {len(a)} seeds"} if diverged else {})})
+    return out
+
+
+def _tuned_verdict(outcome: str, cell: dict, baseline_edge: bool) -> str:
+    """A best lr on its grid's edge may not be the optimum: a win over a baseline that may be under-tuned, or a
+    loss of a subject that may be, decides nothing."""
+    if (outcome == "held" and baseline_edge) or (outcome == "failed" and cell["subject_lr_on_edge"]):
+        return "inconclusive"
+    return outcome
+
+
+def claim_outcome(cells: list[dict]) -> str:
+    states = [c["outcome"] for c in cells]
+    if not states:
+        return "undecided"
+    return "failed" if "failed" in states else "held" if all(s == "held" for s in states) else "undecided"
+
+
+def judge(rep, sweep, out: Path, max_regret: float) -> dict:
+    """The ``quality`` kind for :func:`moga.experiments.reproduce.run.reproduce` (``max_regret`` is unused: the
+    goal is the config's ``quality.goal``)."""
+    from moga.sweep.results import records
+    from moga.sweep.store import SweepStore
+
+    q = rep.raw["quality"]
+    goal = float(q.get("goal", GOAL))
+    rows = records(SweepStore(out))
+    cells = compare(rows, subject=q["subject"], baselines=list(q["baselines"]), scale_key=sweep.spec.scale_key,
+                    budget_key=q.get("budget_key"), panel_keys=tuple(q.get("panel_keys", ())), goal=goal)
+    report = Path(out) / "report"
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "quality.json").write_text(json.dumps(_finite(cells), indent=1) + "\n")
+    lines = [describe(c, q.get("panel_keys", ())) for c in cells]
+    (report / "quality.md").write_text(f"# {rep.name}: {rep.claim}\n\n" + table(cells, q.get("panel_keys", ())) + "\n")
+    judged = [c for c in cells if "relative" in c]
+    worst = max(judged, key=lambda c: c["relative"], default=None)
+    key = "" if worst is None else (f"worst: {q['subject']} {_pct(worst['relative'])} "
+                                    f"[{_pct(worst['low'])}, {_pct(worst['high'])}] vs {worst['baseline']} "
+                                    f"at {_where(worst, q.get('panel_keys', ()))} (goal {_pct(goal)})")
+    return {"outcome": claim_outcome(cells), "key": key, "details": lines, "cells": _finite(cells),
+            "report": str(report / "quality.md")}
+
+
+def describe(c: dict, panel_keys=()) -> str:
+    where = _where(c, panel_keys)
+    if "relative" not in c:
+        return f"[{c['outcome']}] {where}: {c.get('note', '')}"
+    edge = [n for n, flag in (("subject", c["subject_lr_on_edge"]), ("baseline", c["baseline_lr_on_edge"])) if flag]
+    return (f"[{c['outcome']}] {where}: {c['subject']} (lr {c['subject_lr']:g} from width {c['tuned_at']}) "
+            f"{c['subject_loss']:.4f} vs {c['baseline']} (lr {c['baseline_lr']:g}) {c['baseline_loss']:.4f}: "
+            f"{_pct(c['relative'])} [{_pct(c['low'])}, {_pct(c['high'])}], {c['seeds']} seeds"
+            + (f"; {c['note']}" if c.get("note") else "")
+            + (f"; best lr on the grid's edge: {', '.join(edge)}" if edge else ""))
+
+
+def table(cells: list[dict], panel_keys=()) -> str:
+    lines = ["| where | subject (lr) | best baseline (lr) | relative [95%] | outcome |", "|---|---|---|---|---|"]
+    for c in cells:
+        if "relative" not in c:
+            lines.append(f"| {_where(c, panel_keys)} | | | | {c['outcome']} |")
+            continue
+        lines.append(f"| {_where(c, panel_keys)} | {c['subject_loss']:.4f} ({c['subject_lr']:g}) | {c['baseline']} "
+                     f"{c['baseline_loss']:.4f} ({c['baseline_lr']:g}) | {_pct(c['relative'])} [{_pct(c['low'])}, "
+                     f"{_pct(c['high'])}] | {c['outcome']} |")
+    return "\n".join(lines)
+
+
+def _where(c: dict, panel_keys=()) -> str:
+    parts = [f"{c[k]}" for k in panel_keys if k in c]
+    if "budget" in c:
+        parts.append(f"budget {c['budget']}")
+    parts.append(f"width {c['scale']}")
+    return ", ".join(str(p).rsplit(":", 1)[-1] for p in parts)
+
+
+def _pct(x: float) -> str:
+    return "inf" if math.isinf(x) else "n/a" if math.isnan(x) else f"{100 * x:+.1f}%"
+
+
+def _order(v):
+    return (0, float(v)) if isinstance(v, (int, float)) else (1, str(v))
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+# --- the ablation ----------------------------------------------------------------------------------------
+
+def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key: str = "optim.lr",
+             seed_key: str = "seed", metric: str = "train_loss", resamples: int = RESAMPLES) -> list[dict]:
+    """Each combination of the ablated axes (every axis but scale, lr and seed) at its own tuned lr against the
+    default (each axis' first value), per width: relative loss with its interval; ``moves`` when the interval
+    excludes 0."""
+    choice_keys = [k for k in axes if k not in (scale_key, lr_key, seed_key)]
+    plain = [k for k in choice_keys if not isinstance(axes[k], list)]
+    if plain:
+        raise ValueError(f"ablated axes must be plain lists whose first value is the default: {', '.join(plain)}")
+    default = {k: axes[k][0] for k in choice_keys}
+    variants = sorted({tuple(r.get(k) for k in choice_keys) for r in rows},
+                      key=lambda v: (dict(zip(choice_keys, v)) != default, str(v)))  # the default first
+    out = []
+    for scale in sorted({r[scale_key] for r in rows}):
+        ref_grid = seed_losses(rows, {**default, scale_key: scale}, lr_key, seed_key, metric)
+        ref_lr = best_lr(ref_grid)
+        for values in variants:
+            variant = dict(zip(choice_keys, values))
+            grid = seed_losses(rows, {**variant, scale_key: scale}, lr_key, seed_key, metric)
+            lr = best_lr(grid)
+            entry = {"scale": scale, "variant": variant, "default": variant == default, "lr": lr,
+                     "lr_on_edge": lr is not None and lr in (min(grid), max(grid))}
+            if lr is None or ref_lr is None:
+                out.append({**entry, "note": "no finite tuned loss"})
+                continue
+            a, b = list(grid[lr].values()), list(ref_grid[ref_lr].values())
+            point, low, high = relative_interval(a, b, resamples=resamples)
+            out.append({**entry, "loss": _mean(a), "losses": a, "default_loss": _mean(b), "relative": point,
+                        "low": low, "high": high, "moves": not (low <= 0 <= high)})
+    return out
+
+
+def ablation_table(entries: list[dict]) -> str:
+    lines = ["| width | variant | tuned lr | loss (seed mean) | vs default [95%] | moves |", "|---|---|---|---|---|---|"]
+    for e in entries:
+        name = (", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in e["variant"].items())  # optim.p -> p
+                + (" (default)" if e["default"] else ""))
+        if "relative" not in e:
+            lines.append(f"| {e['scale']} | {name} | | | {e.get('note', '')} | |")
+            continue
+        lr = f"{e['lr']:g}" + (" (edge)" if e["lr_on_edge"] else "")
+        lines.append(f"| {e['scale']} | {name} | {lr} | {e['loss']:.4f} | {_pct(e['relative'])} [{_pct(e['low'])}, "
+                     f"{_pct(e['high'])}] | {'yes' if e['moves'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def ablation_report(run_dir: Path) -> str:
+    """The ablation table of a sweep run directory (``moga sweep configs/sweeps/ablation_*.yaml --out RUN_DIR``)."""
+    from moga.sweep.results import records
+    from moga.sweep.store import SweepStore
+
+    store = SweepStore(run_dir)
+    spec = store.definition()["spec"]
+    rows = records(store)
+    if not rows:
+        raise SystemExit(f"{run_dir}: no settled cell yet")
+    entries = ablation(rows, spec["axes"], scale_key=spec["scale_key"], lr_key=spec["lr_key"])
+    (Path(run_dir) / "ablation.json").write_text(json.dumps(_finite(entries), indent=1) + "\n")
+    return ablation_table(entries)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "ablation":
+        raise SystemExit("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR")
+    print(ablation_report(Path(sys.argv[2])))
