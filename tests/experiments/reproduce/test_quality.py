@@ -160,3 +160,22 @@ def test_the_shipped_quality_reproduction_is_judged_by_this_module():
         assert len(sweep.spec.axes["seed"]) >= 3
         assert sweep.spec.axes["model.name"] == ["gpt", "moga.integrations.llama:llama"]
     assert get("quality").sweep("paper").spec.axes["model.n_embd"] == [64, 128, 256, 512]
+
+
+def test_a_multiplier_tuned_at_the_smallest_width_is_judged_at_every_width(tmp_path):
+    """The transfer report on a sweep of the readout's multiplier: its optimum stays at 1/2 up to width 128 and
+    moves to 2 at 256, where keeping 1/2 costs 4%."""
+    spec = sweep_dict()
+    spec["axes"] = {"optim.lr_multipliers.readout": {"pow2": [-3, 2]}, "model.n_embd": WIDTHS, "seed": SEEDS}
+    spec["base"]["optim"]["lr"] = 0.0625
+    spec["lr_key"] = "optim.lr_multipliers.readout"
+    sweep = Sweep.from_dict(spec)
+    optimum = {64: -1, 128: -1, 256: 1}
+    store_losses(tmp_path, sweep, lambda p: parabola(optimum[p["model.n_embd"]], 2.0)(p["optim.lr_multipliers.readout"])
+                 * (1 + 0.001 * p["seed"]))
+    text = quality.transfer_report(tmp_path)
+    cells = json.loads((tmp_path / "transfer.json").read_text())
+    assert [c["subject_lr"] for c in cells] == [0.5] * 3 and [c["baseline_lr"] for c in cells] == [0.5, 0.5, 2.0]
+    assert [c["outcome"] for c in cells] == ["held", "held", "failed"]
+    assert cells[2]["relative"] == pytest.approx(0.04, abs=1e-9)
+    assert text.startswith("optim.lr_multipliers.readout tuned at width 64")

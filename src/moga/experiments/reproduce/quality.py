@@ -12,7 +12,9 @@ edge). The claim held when every cell held, failed when any failed, and is undec
 
 The ablation (``configs/sweeps/ablation_*.yaml``) uses the same comparison: each value of the ablated axes at
 its own tuned lr against MOGA's default (the first value of each axis), per width:
-``python -m moga.experiments.reproduce.quality ablation RUN_DIR``.
+``python -m moga.experiments.reproduce.quality ablation RUN_DIR``. ``... transfer RUN_DIR`` asks of a sweep over
+one optimizer whether the value of its ``lr_key`` tuned at the smallest width (e.g. a role's lr multiplier,
+``configs/sweeps/multiplier_transfer.yaml``) serves every width.
 """
 
 from __future__ import annotations
@@ -287,7 +289,28 @@ def ablation_report(run_dir: Path) -> str:
     return ablation_table(entries)
 
 
+def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
+    """Does the value of the sweep's ``lr_key`` (an lr, or a role's lr multiplier) tuned at the smallest width
+    serve every width? Per width: the loss at that value over the loss at the width's own best value, minus 1,
+    with its interval (the same comparison as the quality claim, the optimizer against itself)."""
+    from moga.sweep.results import records
+    from moga.sweep.store import SweepStore
+
+    store = SweepStore(run_dir)
+    spec = store.definition()["spec"]
+    rows = records(store)
+    names = sorted({r["optim.name"] for r in rows})
+    if len(names) != 1:
+        raise SystemExit(f"{run_dir}: a transfer report needs one optimizer, the sweep has {names}")
+    cells = compare(rows, subject=names[0], baselines=names, scale_key=spec["scale_key"], lr_key=spec["lr_key"],
+                    goal=goal)
+    (Path(run_dir) / "transfer.json").write_text(json.dumps(_finite(cells), indent=1) + "\n")
+    return f"{spec['lr_key']} tuned at width {cells[0]['tuned_at']}, against each width's own best\n" + table(cells)
+
+
+USAGE = "usage: python -m moga.experiments.reproduce.quality ablation|transfer RUN_DIR"
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "ablation":
-        raise SystemExit("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR")
-    print(ablation_report(Path(sys.argv[2])))
+    if len(sys.argv) != 3 or sys.argv[1] not in ("ablation", "transfer"):
+        raise SystemExit(USAGE)
+    print((ablation_report if sys.argv[1] == "ablation" else transfer_report)(Path(sys.argv[2])))
