@@ -114,12 +114,49 @@ class Experts(nn.Module):
 
 
 def test_unorientable_tensor_is_an_error_and_an_override_fixes_it():
-    with pytest.raises(PlanError, match=r"cannot orient parameter 'w' of shape \(4, 16, 8\).*'hidden:boi'"):
+    with pytest.raises(PlanError, match=r"(?s)cannot place 1 parameter.*'w': 'hidden:boi',.*\(4, 16, 8\), on Experts"):
         build_plan(Experts())
     plan = build_plan(Experts(), overrides={"w": "hidden:boi"})
     assert plan["w"].matrix_shape == (16, 8) and plan["w"].layout == "boi"
     with pytest.raises(PlanError, match="needs a layout"):
         build_plan(Experts(), overrides={"w": "hidden"})
+
+
+class Odd(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(3, 5))
+        self.b = nn.Parameter(torch.randn(2, 3, 5))
+
+
+def test_every_unplaced_tensor_is_listed_at_once_with_one_glob_per_group():
+    blocks = nn.ModuleList([Experts(), Experts(), Experts()])
+    model = nn.Module()
+    model.blocks, model.odd = blocks, Odd()
+    with pytest.raises(PlanError) as err:
+        build_plan(model)
+    text = str(err.value)
+    assert text.startswith("cannot place 5 parameter(s)")
+    assert "'blocks.*.w': 'hidden:boi'," in text and "# 3 tensors, (4, 16, 8), on Experts" in text
+    assert "'odd.a': 'hidden:oi'," in text and "'odd.b': 'hidden:boi'," in text
+    # The suggested globs place everything.
+    plan = build_plan(model, overrides={"blocks.*.w": "hidden:boi", "odd.a": "vector", "odd.b": "hidden:boi"})
+    assert plan["blocks.2.w"].layout == "boi" and plan["odd.a"].role == "vector"
+
+
+def test_an_override_may_name_the_owning_module():
+    model = nn.Module()
+    model.blocks = nn.ModuleList([Experts(), Experts()])
+    plan = build_plan(model, overrides={"*.0": "hidden:boi", "blocks.1": {"role": "hidden", "layout": "boi"}})
+    assert plan["blocks.0.w"].layout == "boi" and plan["blocks.1.w"].layout == "boi"
+    # A rule on a module covers its own parameters, not its children's: the router keeps its Linear layout.
+    assert plan["blocks.0.router.weight"].role == "hidden" and plan["blocks.0.router.weight"].layout == "oi"
+
+
+def test_a_layout_that_does_not_fit_names_the_parameter():
+    with pytest.raises(PlanError, match=r"parameter 'router.weight' \(hidden, on Linear\): layout 'boi' has 3 axes "
+                                        r"but the tensor has shape \(4, 8\).*e.g. 'oi'"):
+        build_plan(Experts(), overrides={"router.weight": "hidden:boi", "w": "hidden:boi"})
 
 
 def test_override_patterns_geometry_and_mistakes():

@@ -15,8 +15,21 @@ geometry, with param groups for the optimizers. Roles:
 - ``vector``: biases, norm gains, any 0-D/1-D parameter, and tensors with at most one axis longer
   than 1 (ViT's ``cls_token`` of shape (1, 1, d)).
 
-Anything the rules cannot place (a 2-D or 3-D tensor on an unknown module) is an error that names the
-parameter and the override to write, never a silent guess. First and last are taken in registration order,
+Mixtures of experts and other odd parameters are placed by what their module says about them, and the
+plan prints each such choice with its reason (one ``note:`` line per kind):
+
+- a router (Hugging Face's ``*TopKRouter``: a ``weight`` of shape (num_experts, hidden_dim) read as
+  ``F.linear(x, weight)``) is a hidden matrix, layout ``oi``;
+- a fused expert stack (transformers 5's ``experts.gate_up_proj`` / ``experts.down_proj``, on a module
+  that says ``is_transposed``) is a hidden matrix per expert: layout ``boi`` (``bio`` when transposed), the
+  expert axis a batch axis; per-expert biases (num_experts, d) are vectors. transformers 4.x's
+  ``ModuleList`` of ``nn.Linear`` experts needs nothing special;
+- a state-space model's ``A_log`` (Mamba: ``A = -exp(A_log)``, used elementwise) is a vector;
+- a scalar such as CLIP's ``logit_scale`` is a vector (Adam's step on one number).
+
+Anything else the rules cannot place (a 2-D or 3-D tensor on an unknown module) is an error that lists
+every such tensor at once, with one suggested override glob per group, never a silent guess. Override
+patterns match a parameter's name or the name of the module that owns it (``"*.experts"``). First and last are taken in registration order,
 or in call order when ``example_inputs`` are given; a tied tensor counts at its first and at its last use.
 """
 
@@ -158,18 +171,42 @@ class RolePlan:
             counts[e.role] = counts.get(e.role, 0) + e.param.numel()
         total = sum(counts.values())
         summary = ", ".join(f"{r} {n:,}" for r, n in counts.items())
-        notes = [f"note: {e.reason}" for e in self.entries if e.reason]
+        notes = _notes(self.entries)
         return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, body),
                           f"{len(self.entries)} tensors, {total:,} parameters ({summary})", *notes])
 
     __repr__ = __str__
 
 
+def _notes(entries: list[PlanEntry]) -> list[str]:
+    """One line per reason: the tensors it covers (block indices as '*'), their layout, and the reason."""
+    by_reason: dict[str, dict[str, int]] = {}
+    layouts: dict[str, set] = {}
+    for e in entries:
+        if e.reason:
+            names = by_reason.setdefault(e.reason, {})
+            names[_glob(e.name)] = names.get(_glob(e.name), 0) + 1
+            layouts.setdefault(e.reason, set()).add(e.layout)
+    lines = []
+    for reason, names in by_reason.items():
+        if any(n in reason for n in names):
+            lines.append(f"note: {reason}")  # it names its tensor already (a tie)
+            continue
+        which = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in names.items())
+        lay = "/".join(sorted(filter(None, layouts[reason])))
+        lines.append(f"note: {which}: {reason}" + (f"; layout {lay}" if lay else ""))
+    return lines
+
+
 # --- what a module's own parameter is ------------------------------------------------------------------
 
 
 def _usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[str, str | None] | None:
-    """(kind, layout) of parameter ``pname`` directly owned by ``module``; None when unknown."""
+    """(kind, layout) of parameter ``pname`` directly owned by ``module``; None when unknown.
+
+    Kinds: vector, embedding, linear, conv, and the odd ones in ``ODD_KINDS`` (placed with a reason)."""
+    if p.ndim == 0:
+        return "scalar", None
     if p.ndim <= 1:
         return "vector", None
     if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and pname == "weight":
@@ -188,6 +225,36 @@ def _usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[str, str | N
         return "vector", None  # a vector with singleton axes, e.g. a class token (1, 1, d)
     if type(module).__name__.endswith("Embeddings") and pname == "position_embeddings" and p.ndim == 3:
         return "embedding", "bio"  # Hugging Face vision models: a (1, positions, d) table added to the patches
+    return _moe_or_ssm_usage(module, pname, p)
+
+
+# Kinds that no torch layer declares: role, and the reason the plan prints for them.
+ODD_KINDS: dict[str, tuple[str, str]] = {
+    "router": ("hidden", "a MoE router, (num_experts x hidden) read as F.linear(x, weight): a hidden matrix"),
+    "experts": ("hidden", "a fused expert stack (num_experts x out x in): one hidden matrix per expert, the "
+                          "expert axis a batch axis"),
+    "expert_bias": ("vector", "per-expert biases (num_experts x d): vectors"),
+    "elementwise": ("vector", "a state-space parameter used elementwise (Mamba's A = -exp(A_log)): a vector"),
+    "scalar": ("vector", "a scalar (a temperature such as CLIP's logit_scale): a vector, Adam's step on one "
+                         "number"),
+}
+
+
+def _moe_or_ssm_usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[str, str | None] | None:
+    """Mixture-of-experts and state-space parameters, recognized by what their module declares, so that an
+    unknown module with the same shapes is still an error rather than a guess."""
+    experts = getattr(module, "num_experts", None)
+    if isinstance(experts, int) and p.shape[0] == experts:
+        if p.ndim == 3 and isinstance(getattr(module, "is_transposed", None), bool):
+            # transformers' use_experts_implementation: (E, out, in), or (E, in, out) when transposed
+            return "experts", "bio" if module.is_transposed else "boi"
+        hidden = getattr(module, "hidden_dim", None)
+        if p.ndim == 2 and pname == "weight" and p.shape[1] == hidden and hidden != experts:
+            return "router", LINEAR
+        if p.ndim == 2 and pname.endswith("bias") and isinstance(getattr(module, "is_transposed", None), bool):
+            return "expert_bias", None
+    if pname == "A_log" and p.ndim == 2:
+        return "elementwise", None
     return None
 
 
@@ -278,9 +345,11 @@ def build_plan(
     kinds: dict[int, tuple[str, str | None]] = {}
     matched: dict[int, dict] = {}
     pending: list[PlanError] = []
+    unplaced: list[_Param] = []
     for item in params:
         usages = _usages(item)
-        override = matched[id(item.param)] = _match(rules, item.names, used_rules) or {}
+        owners = [mname for mname, _, _ in item.owners if mname]
+        override = matched[id(item.param)] = _match(rules, [*item.names, *owners], used_rules) or {}
         if override.get("role"):
             continue  # decided below, whatever the modules say
         if len(usages) == 1:
@@ -288,11 +357,7 @@ def build_plan(
         elif _is_tie(usages):
             kinds[id(item.param)] = ("tied", dict(usages)["linear"])  # the head's orientation
         elif not usages:
-            owner = ", ".join(sorted({type(m).__name__ for _, m, _ in item.owners}))
-            pending.append(PlanError(
-                f"cannot orient parameter {item.names[0]!r} of shape {tuple(item.param.shape)} on {owner}: "
-                f"name its role and layout, e.g. overrides={{{item.names[0]!r}: 'hidden:{_guess_layout(item.param)}'}} "
-                "(layout letters: o fan_out, i fan_in, b batch)"))
+            unplaced.append(item)
         else:
             kinds_seen = sorted(k for k, _ in usages)
             where = ", ".join(f"{n} ({type(m).__name__})" for n, m, _ in item.owners)
@@ -300,6 +365,8 @@ def build_plan(
                 f"parameter {item.names[0]!r} is shared as {' and '.join(kinds_seen)} by {where}. Say how to "
                 f"update it: overrides={{{item.names[0]!r}: 'tied'}} (the head's row geometry: the intersection "
                 "of both unit balls), or 'embedding' / 'readout'"))
+    if unplaced:
+        raise _unplaced_error(unplaced)
     if pending:
         raise pending[0]
 
@@ -311,7 +378,7 @@ def build_plan(
     def positions(item: _Param) -> list[int]:
         return [order.get(id(m), 10**9) for _, m, _ in item.owners] or [10**9]
 
-    matrices = [it for it in params if kinds.get(id(it.param), ("vector",))[0] != "vector"]
+    matrices = [it for it in params if kinds.get(id(it.param), ("vector", None))[1] is not None]
     edge: dict[int, str] = {}
     if matrices:
         first = min(matrices, key=lambda it: min(positions(it)))
@@ -328,14 +395,17 @@ def build_plan(
         kind, layout = kinds.get(id(item.param), (None, None))
         role = override.get("role") or {
             "vector": "vector", "embedding": "embedding", "conv": "conv", "tied": "tied",
+            **{k: r for k, (r, _) in ODD_KINDS.items()},
         }.get(kind) or edge.get(id(item.param), "hidden")
-        layout = override.get("layout", layout if kind != "vector" else None)
+        layout = override.get("layout", layout)
         if override.get("role"):
             layout = override.get("layout") or _layout_for_role(item, role)
         spec = override.get("geometry") or geoms[role]
         entry = _entry(item, role, layout, spec)
         if kind == "tied" and not override.get("role"):
             entry.reason = _tie_reason(item, entry, override)
+        elif kind in ODD_KINDS and not override:
+            entry.reason = ODD_KINDS[kind][1]
         entries.append(entry)
     missing = set(rules) - used_rules
     if missing:
@@ -396,12 +466,46 @@ def _entry(item: _Param, role: str, layout: str | None, spec: str) -> PlanEntry:
         if layout is None:
             raise PlanError(f"{name!r} ({role}) has no fan_out/fan_in layout for the matrix geometry {geometry}; "
                             f"give it one, e.g. overrides={{{name!r}: {{'layout': 'oi'}}}}, or use 'vector'")
-        as_layout(layout).check(item.param.shape)
+        try:
+            as_layout(layout).check(item.param.shape)
+        except ValueError as e:
+            raise PlanError(f"parameter {name!r} ({role}, on {_owner_names(item)}): {e}; a layout has one letter "
+                            f"per axis, e.g. '{_guess_layout(item.param)}'") from None
     if update == "adam" and geometry.sign_scale(item.param.shape, layout) is None:
         raise PlanError(f"'adam:' needs a sign geometry (sign, row(p=1), col(q=inf), embedding(q=inf), vector), "
                         f"not {geometry} (for {name!r})")
     owner = "/".join(sorted({type(m).__name__ for _, m, _ in item.owners}))
     return PlanEntry(name, item.param, role, layout, str(geometry), update, owner, tuple(item.names[1:]))
+
+
+def _owner_names(item: _Param) -> str:
+    return "/".join(sorted({type(m).__name__ for _, m, _ in item.owners}))
+
+
+def _glob(name: str) -> str:
+    """The name with its block indices as wildcards: one pattern for the same tensor in every block."""
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def _unplaced_error(items: list[_Param]) -> PlanError:
+    """One error for every tensor the rules cannot place, grouped by the override that would place them."""
+    groups: dict[str, list[_Param]] = {}
+    for item in items:
+        groups.setdefault(_glob(item.names[0]), []).append(item)
+    width = max(len(repr(g)) for g in groups) + len(repr(f"hidden:{'b' * 3}oi")) + 2
+    lines = []
+    for pattern, members in groups.items():
+        first = members[0]
+        shapes = sorted({tuple(m.param.shape) for m in members})
+        value = f"hidden:{_guess_layout(first.param)}"
+        count = f"{len(members)} tensors" if len(members) > 1 else "1 tensor"
+        lines.append(f"    {(repr(pattern) + ': ' + repr(value) + ',').ljust(width + 2)}  # {count}, "
+                     f"{' '.join(map(str, shapes))}, on {_owner_names(first)}")
+    return PlanError(
+        f"cannot place {len(items)} parameter(s): no torch layer owns them and their modules declare nothing "
+        f"moga reads. Name a role and layout for each group (check the orientation: 'o' is the axis of the "
+        f"module's outputs, 'i' of its inputs, 'b' a batch of independent matrices; a parameter used "
+        f"elementwise is 'vector'):\n  overrides={{\n" + "\n".join(lines) + "\n  }")
 
 
 def _guess_layout(p: torch.Tensor) -> str:
