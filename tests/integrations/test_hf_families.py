@@ -69,14 +69,7 @@ def _losses(model, optimizer, data, steps=3):
     return losses
 
 
-# Known and open (issue 22): tiny random CLIP's contrastive loss rises over three default MOGA or Muon steps
-# (1.47 -> 1.80 and 1.55 here; AdamW at 1e-3 goes 1.47 -> 2.55 -> 1.24) and then settles at chance, ln 4, where
-# AdamW memorizes the pairs. Not logit_scale (frozen, the curve is the same): freezing the biases, the class
-# token and the vision position table lets MOGA memorize 8 pairs like AdamW (0.04 against 0.02 in 20 steps).
-CLIP_OPEN = pytest.mark.xfail(reason="issue 22: CLIP's loss rises under default MOGA and Muon", strict=True)
-
-
-@pytest.mark.parametrize("name", [pytest.param(f, marks=CLIP_OPEN) if f == "clip" else f for f in FAMILIES])
+@pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("optimizer", [MOGA, Muon], ids=lambda c: c.__name__)
 def test_three_default_steps_lower_the_loss(name, optimizer):
     model = build(name)
