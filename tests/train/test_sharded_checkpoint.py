@@ -75,6 +75,7 @@ def test_a_hostile_metadata_runs_nothing(stopped):
     marker = stopped / "ran"
     directory = stopped / "run" / DIRECTORY
     (directory / METADATA).write_bytes(pickle.dumps(RunsCode(os.system, f"touch {marker}")))
+    _reseal(directory)
     out = _resume_with_cli(stopped)
     assert out.exit_code == 1, out.output
     assert "corrupted or unsafe" in out.output and "system" in out.output and "nothing in it was run" in out.output
@@ -91,6 +92,7 @@ def test_a_hostile_value_runs_nothing(stopped):
     buffer = io.BytesIO()
     torch.save(RunsCode(builtins.open, str(marker), "w"), buffer)
     _plant_value(directory, "_extra_state.alpha", buffer.getvalue())
+    _reseal(directory)
     out = _resume_with_cli(stopped)
     assert out.exit_code == 1 and "corrupted or unsafe" in out.output and "_extra_state.alpha" in out.output
     with pytest.raises(CheckpointError, match="cannot be read safely"):
@@ -103,6 +105,7 @@ def test_metadata_pointing_outside_the_checkpoint_is_refused(stopped):
     metadata = pickle.loads((directory / METADATA).read_bytes())
     next(iter(metadata.storage_data.values())).relative_path = "../../engine.pt"
     (directory / METADATA).write_bytes(pickle.dumps(metadata))
+    _reseal(directory)
     with pytest.raises(CheckpointError, match="outside the checkpoint"):
         consolidate(directory)
 
@@ -113,3 +116,103 @@ def test_a_safe_checkpoint_still_resumes_and_consolidates(stopped):
     assert _resume_with_cli(stopped).exit_code == 0
     after = consolidate(stopped / "run" / DIRECTORY)
     assert not torch.equal(before["model"]["readout.weight"], after["model"]["readout.weight"])
+
+
+def _reseal(directory) -> None:
+    """What an attacker who can write the directory can also do: record the new files' digests in engine.pt
+    (its own checksum is recomputed by save_checkpoint), so only the safe reader stands in the way."""
+    from moga.train.checkpoint import save_checkpoint
+    from moga.train.sharded_checkpoint import ENGINE, FILES, file_digests
+
+    engine = torch.load(directory / ENGINE, weights_only=True)
+    save_checkpoint(directory / ENGINE, {**engine, FILES: file_digests(directory)})
+
+
+def _flip(path, bit: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[bit // 8] ^= 1 << (bit % 8)
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_anywhere_is_reported(stopped):
+    """Every file of the checkpoint but engine.pt (which checks itself): bits at the start, inside and at
+    the end of each; each is refused on resume, then put back, and the checkpoint resumes."""
+    from moga.train.sharded_checkpoint import ENGINE, load_engine_state
+
+    directory = stopped / "run" / DIRECTORY
+    files = sorted(p for p in directory.iterdir() if p.name != ENGINE)
+    assert [p.name for p in files] == [METADATA, "__0_0.distcp"]
+    for path in files:
+        size = path.stat().st_size * 8
+        for bit in (0, 7, size // 3, size // 2 + 5, (2 * size) // 3, size - 1):
+            _flip(path, bit)
+            with pytest.raises(CheckpointError, match=f"corrupted: its file {path.name} does not match the SHA-256"):
+                load_engine_state(directory)
+            _flip(path, bit)
+    _flip(files[1], files[1].stat().st_size * 4)  # and through the CLI, in one line
+    out = _resume_with_cli(stopped)
+    assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1 and "rm -r" in out.output
+    _flip(files[1], files[1].stat().st_size * 4)
+    assert _resume_with_cli(stopped).exit_code == 0
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: _truncate(d / "__0_0.distcp"), r"file __0_0\.distcp has \d+ bytes, but was written with \d+"),
+    (lambda d: (d / "__0_0.distcp").unlink(), r"file __0_0\.distcp is missing"),
+    (lambda d: (d / "__0_0.distcp").write_bytes(b""), r"file __0_0\.distcp has 0 bytes"),
+    (lambda d: (d / METADATA).unlink(), r"file \.metadata is missing"),
+    (lambda d: (d / METADATA).write_bytes(os.urandom(64)), r"file \.metadata has 64 bytes"),
+    (lambda d: (d / "engine.pt").unlink(), r"its engine\.pt is missing"),
+])
+def test_a_damaged_checkpoint_is_one_paragraph(stopped, damage, message):
+    directory = stopped / "run" / DIRECTORY
+    damage(directory)
+    out = _resume_with_cli(stopped)
+    assert out.exit_code == 1, out.output
+    line = out.output.strip()
+    assert len(line.splitlines()) == 1 and line.startswith(f"error: {directory} is corrupted")
+    assert "Delete it to start the run over" in line
+    import re
+
+    assert re.search(message, line), line
+    assert not (stopped / "run" / "result.json").exists()  # nothing trained over it
+
+
+def test_a_shard_from_another_save_is_reported(stopped):
+    """The same file names, sizes and metadata: only the digests tell the step-2 shard from the step-4 one."""
+    directory = stopped / "run" / DIRECTORY
+    old_shard = (directory / "__0_0.distcp").read_bytes()
+    run(CONFIG, stopped / "run", stop_at=4, quiet=True)
+    (directory / "__0_0.distcp").write_bytes(old_shard)
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp does not match the SHA-256"):
+        run(CONFIG, stopped / "run", quiet=True)
+
+
+def test_digests_are_checked_before_dcp_reads_anything(stopped):
+    """A hostile .metadata is refused by its digest (and, resealed, by the safe reader)."""
+    directory = stopped / "run" / DIRECTORY
+    marker = stopped / "ran"
+    (directory / METADATA).write_bytes(pickle.dumps(RunsCode(os.system, f"touch {marker}")))
+    with pytest.raises(CheckpointError, match=r"corrupted: its file \.metadata has \d+ bytes"):
+        consolidate(directory)
+    _reseal(directory)
+    with pytest.raises(CheckpointError, match="asks to build posix.system|asks to build nt.system"):
+        consolidate(directory)
+    assert not marker.exists()
+
+
+def test_a_save_killed_by_kill_9_leaves_no_temporary_directory(stopped):
+    """kill -9 after the shards were written: .checkpoint.dcp.tmp holds them, with no engine.pt."""
+    import shutil
+
+    run_dir = stopped / "run"
+    tmp = run_dir / f".{DIRECTORY}.tmp"
+    shutil.copytree(run_dir / DIRECTORY, tmp)
+    (tmp / "engine.pt").unlink()
+    assert run(CONFIG, run_dir, stop_at=2, quiet=True)["status"] == "stopped"  # resumed at 2: nothing saved
+    assert not tmp.exists()
+    assert sorted(p.name for p in run_dir.iterdir() if "checkpoint" in p.name) == [DIRECTORY]

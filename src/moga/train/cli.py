@@ -77,6 +77,8 @@ def train(
     stop_at: int = typer.Option(None, "--stop-at", min=1, help="Checkpoint and stop after this many steps "
                                 "(run again to continue)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; print only the result."),
+    wait: bool = typer.Option(False, "--wait", help="If another process is running this run directory, wait for "
+                              "it to end, then resume (without --wait: refuse, naming its PID)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit."),
     keys: bool = typer.Option(False, "--keys", help="List every config key with its default and meaning, and exit."),
     no_import: bool = typer.Option(False, "--no-import", help="Refuse every model.name='package.module:factory', "
@@ -95,12 +97,13 @@ def train(
 
         typer.echo(dump_yaml(cfg), nl=False)
         raise typer.Exit()
+    from moga.filelock import DirectoryBusy
     from moga.train import CheckpointError, run
 
     directory = run_dir or _default_run_dir(cfg)
     try:
-        result = run(cfg, directory, stop_at=stop_at, quiet=quiet)
-    except CheckpointError as e:
+        result = run(cfg, directory, stop_at=stop_at, quiet=quiet, wait=wait)
+    except (CheckpointError, DirectoryBusy) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     except (ValueError, FileNotFoundError, ImportError) as e:

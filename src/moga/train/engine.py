@@ -23,6 +23,7 @@ import math
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from moga.data import derive_seed
+from moga.filelock import DirectoryBusy, writer_lock
 from moga.optim.multipliers import base_lr
 from moga.status import Status
 
@@ -47,21 +49,24 @@ from .schedule import build_schedule
 from .tasks import build_task
 
 CHECKPOINT, RESULT, CONFIG, METRICS, PLAN = "checkpoint.pt", "result.json", "config.yaml", "metrics.jsonl", "plan.txt"
+LOCK = ".train.lock"  # held by the run's one writer (rank 0) while it runs; holds its PID
 FINISHED, DIVERGED, STOPPED = Status.FINISHED, Status.DIVERGED, Status.STOPPED
 
 
 def run(config: RunConfig | dict | str | Path, run_dir: str | Path, *, stop_at: int | None = None,
-        quiet: bool = False) -> dict:
+        quiet: bool = False, wait: bool = False) -> dict:
     """Train (or resume, or return the stored result of) the run in ``run_dir``; returns the result.
 
     ``stop_at``: checkpoint and return after this many steps (status ``"stopped"``); calling ``run``
     again continues. Under ``torchrun`` every process calls ``run`` and only rank 0 writes files.
     A SIGTERM or Ctrl-C also stops at the next step boundary with a checkpoint.
+    One run directory has one writer: while another process runs it, ``run`` raises
+    :class:`moga.filelock.DirectoryBusy` naming that process, or with ``wait`` waits for it to end.
     """
     cfg = as_config(config)
     dist = distributed.setup(cfg.train.device, cfg.train.parallel)
     try:
-        return Trainer(cfg, Path(run_dir), dist, quiet=quiet).fit(stop_at)
+        return Trainer(cfg, Path(run_dir), dist, quiet=quiet).fit(stop_at, wait=wait)
     finally:
         distributed.teardown(dist)
 
@@ -125,7 +130,7 @@ class Trainer:
     def _load_state(self) -> dict | None:
         """The checkpoint's state (for fsdp, all but the shards), checked against this config."""
         cfg, one_file, dcp_dir = self.cfg, self.run_dir / CHECKPOINT, self.run_dir / sharded.DIRECTORY
-        if sharded.find_sharded(dcp_dir) and (self.fsdp or not one_file.is_file()):
+        if (sharded.find_sharded(dcp_dir) or dcp_dir.is_dir()) and (self.fsdp or not one_file.is_file()):
             return sharded.load_engine_state(dcp_dir, cfg.to_dict(), self.hash)  # another parallel: refused
         if one_file.is_file():
             return load_checkpoint(one_file, cfg.to_dict(), self.hash)
@@ -237,16 +242,46 @@ class Trainer:
 
     # --- the loop --------------------------------------------------------------------------------
 
-    def fit(self, stop_at: int | None = None) -> dict:
+    def _writer_lock(self, wait: bool) -> contextlib.AbstractContextManager:
+        """Rank 0 holds the run directory's lock; every rank learns whether it got it."""
+        stack, holder = contextlib.ExitStack(), -1.0
+        if self.dist.main:
+            def waiting(pid):
+                print(f"waiting for {self.run_dir}: in use by PID {pid or '?'}", file=sys.stderr, flush=True)
+
+            try:
+                stack.enter_context(writer_lock(self.run_dir / LOCK, wait=wait, on_wait=waiting))
+            except DirectoryBusy as e:
+                holder = float(e.holder or 0)
+        (holder,) = distributed.all_sum(self.dist, [holder if self.dist.main else 0.0])
+        if holder >= 0:
+            raise DirectoryBusy(self.run_dir, int(holder) or None)
+        return stack
+
+    def fit(self, stop_at: int | None = None, *, wait: bool = False) -> dict:
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise ValueError(f"the run directory {self.run_dir} is an existing file; give another directory "
                              "(moga train --run-dir DIR)")
-        stored = self._stored_result()
-        if stored is not None:
-            return stored
         created = not self.run_dir.exists()
         if self.dist.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        with self._writer_lock(wait):
+            try:
+                return self._fit_locked(stop_at)
+            except BaseException:
+                # a config that cannot run leaves no empty directory behind (but for the lock, ours)
+                if created and self.dist.main and [p.name for p in self.run_dir.iterdir()] == [LOCK]:
+                    with contextlib.suppress(OSError):
+                        (self.run_dir / LOCK).unlink()
+                        self.run_dir.rmdir()
+                raise
+
+    def _fit_locked(self, stop_at: int | None) -> dict:
+        stored = self._stored_result()
+        if stored is not None:
+            return stored
+        if self.dist.main:
+            sharded.discard_unfinished(self.run_dir / sharded.DIRECTORY)  # a save killed by kill -9
         distributed.barrier(self.dist)
         for wanted, package in ((self.cfg.logging.tensorboard, "tensorboard"), (self.cfg.logging.wandb, "wandb")):
             if wanted and importlib.util.find_spec(package) is None:  # fail on every process, before training
@@ -256,13 +291,7 @@ class Trainer:
         if self.cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         try:
-            try:
-                resumed = self._setup()
-            except BaseException:
-                if created and self.dist.main:  # a config that cannot run leaves no empty directory behind
-                    with contextlib.suppress(OSError):
-                        self.run_dir.rmdir()
-                raise
+            resumed = self._setup()
             self._open_logs(resumed)
             with _StopFlag() as flag:
                 return self._loop(stop_at, flag)

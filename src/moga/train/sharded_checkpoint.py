@@ -10,11 +10,16 @@ shard from whichever files hold it.
 Atomic: the ranks write ``.checkpoint.dcp.tmp/``; once all are done rank 0 moves the old directory
 aside, renames the new one in and deletes the old. A kill while writing leaves the previous checkpoint
 as it was; a kill between the two renames leaves the previous one under ``.checkpoint.dcp.old``, which
-:func:`find_sharded` reads.
+:func:`find_sharded` reads. A kill -9 mid-save leaves ``.checkpoint.dcp.tmp``: :func:`discard_unfinished`.
+
+Checked: ``engine.pt`` (whose own SHA-256 is checked on load) holds the SHA-256 and size of every other
+file in the directory (``.metadata`` and the ``.distcp`` shards), verified before anything is read, so a
+flipped bit, a truncated, emptied, deleted or swapped shard is reported instead of trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -26,6 +31,7 @@ from .checkpoint import CheckpointError, load_checkpoint, restart_hint, save_che
 
 DIRECTORY, ENGINE = "checkpoint.dcp", "engine.pt"
 IN_DCP = "torch.distributed.checkpoint"  # what engine.pt holds for the model and optimizer: look there
+FILES = "files"  # engine.pt's {file name: {"sha256": hex, "bytes": size}} of the rest of the directory
 
 
 def _aside(path: Path, what: str) -> Path:
@@ -39,6 +45,41 @@ def find_sharded(path: str | Path) -> Path | None:
         if (candidate / ENGINE).is_file():
             return candidate
     return None
+
+
+def discard_unfinished(path: str | Path) -> None:
+    """Remove the temporary directory of a save that was killed (the one writer of the run calls this)."""
+    shutil.rmtree(_aside(Path(path), "tmp"), ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_digests(directory: Path) -> dict:
+    """SHA-256 and size of every file in ``directory`` but ``engine.pt``."""
+    return {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
+            for p in sorted(directory.iterdir()) if p.name != ENGINE and p.is_file()}
+
+
+def verify_files(directory: Path, recorded: dict) -> None:
+    """Every file ``engine.pt`` lists is there, whole and unchanged."""
+    for name, want in recorded.items():
+        path = directory / name
+        if not path.is_file():
+            problem = f"its file {name} is missing"
+        elif path.stat().st_size != want["bytes"]:
+            problem = f"its file {name} has {path.stat().st_size} bytes, but was written with {want['bytes']}"
+        elif _sha256(path) != want["sha256"]:
+            problem = f"its file {name} does not match the SHA-256 stored in {ENGINE} (a changed bit on disk or in " \
+                      "transfer, or a file from another checkpoint)"
+        else:
+            continue
+        raise CheckpointError(f"{directory} is corrupted: {problem}. {restart_hint(directory)}")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -70,7 +111,7 @@ def save_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Opti
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
     barrier()  # every rank's shards are on disk
     if main:
-        save_checkpoint(tmp / ENGINE, {**engine, "model": IN_DCP, "optimizer": IN_DCP})
+        save_checkpoint(tmp / ENGINE, {**engine, "model": IN_DCP, "optimizer": IN_DCP, FILES: file_digests(tmp)})
         _fsync_dir(tmp)
         if path.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -86,10 +127,14 @@ def load_engine_state(path: str | Path, config: dict | None = None, config_hash:
     """``engine.pt`` of a sharded checkpoint, checked like a one-file checkpoint."""
     found = find_sharded(path)
     if found is None:
+        if Path(path).is_dir():  # save_sharded writes engine.pt before the directory gets its name
+            raise CheckpointError(f"{path} is corrupted: its {ENGINE} is missing. {restart_hint(Path(path))}")
         raise CheckpointError(f"{path} holds no complete sharded checkpoint (no {ENGINE})")
     state = load_checkpoint(found / ENGINE, config, config_hash)
     if state.get("model") != IN_DCP:
         raise CheckpointError(f"{found / ENGINE} is not the engine state of a sharded checkpoint")
+    if FILES in state:  # checkpoints written before the file digests have none
+        verify_files(found, state[FILES])
     state["directory"] = str(found)
     return state
 
@@ -139,9 +184,7 @@ def consolidate(path: str | Path) -> dict:
     """
     from .dcp_reader import SafeEmptyLoadPlanner, read_metadata
 
-    found = find_sharded(path)
-    if found is None:
-        raise CheckpointError(f"{path} holds no complete sharded checkpoint")
+    found = Path(load_engine_state(path)["directory"])
     read_metadata(found)
     state: dict = {}
     _read_into(found, state, SafeEmptyLoadPlanner(found), no_dist=True)

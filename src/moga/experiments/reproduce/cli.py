@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+LOCK = ".reproduce.lock"  # one reproduction per output directory at a time; holds the writer's PID
+
 
 def reproduce_command(
     name: str = typer.Argument(None, help="a reproduction (see --list), or all"),
@@ -35,6 +37,8 @@ def reproduce_command(
     readme: Path = typer.Option(None, "--update-readme", help="with --table: write it into this README's "
                                 "reproduce section and store the outcomes in docs/reproduce beside it"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
+    wait: bool = typer.Option(False, "--wait", help="if another process is running this output directory, wait "
+                              "for it to end (without --wait: refuse, naming its PID)"),
 ) -> None:
     """Every claim of the three papers as one command: a sweep on the resumable store, the papers' figures, a
     verdict per panel with seed intervals and the claim's outcome (held, failed, inconclusive, undecided).
@@ -62,6 +66,7 @@ def reproduce_command(
     except ReproduceError as e:
         raise typer.BadParameter(str(e)) from None
     from moga.experiments.reproduce.run import reproduce
+    from moga.filelock import writer_lock
     from moga.sweep.spec import SweepError
 
     failed = []
@@ -69,10 +74,13 @@ def reproduce_command(
         target = out if out is not None and len(names) == 1 else (out or Path("runs/reproduce") / scale) / n
         typer.echo(f"== {n} ({scale}) -> {target}")
         try:
-            result = reproduce(get(n), target, scale, workers=workers, executor=executor, ray_address=ray_address,
-                               data=data if len(names) == 1 else None, max_regret=max_regret, progress=not quiet,
-                               min_seeds=seeds, max_seeds=max(seeds, max_seeds))
-        except (ReproduceError, SweepError, FileNotFoundError, RuntimeError) as e:
+            with writer_lock(Path(target) / LOCK, wait=wait, on_wait=lambda pid: typer.echo(
+                    f"waiting for {target}: in use by PID {pid or '?'}", err=True)):
+                result = reproduce(get(n), target, scale, workers=workers, executor=executor,
+                                   ray_address=ray_address, data=data if len(names) == 1 else None,
+                                   max_regret=max_regret, progress=not quiet,
+                                   min_seeds=seeds, max_seeds=max(seeds, max_seeds))
+        except (ReproduceError, SweepError, FileNotFoundError, RuntimeError) as e:  # DirectoryBusy too
             typer.echo(f"{n}: error: {e}", err=True)
             failed.append(n)
             continue
