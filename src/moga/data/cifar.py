@@ -5,17 +5,20 @@ Both readers return ({split: (images uint8 [N, 3, H, W], labels int64 [N])}, cla
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import pickle
 import tarfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .paths import cache_dir as default_cache_dir
 
@@ -133,25 +136,55 @@ def _read_blobs(source: Path) -> dict[tuple[str, str, str], bytes]:
     elif not tarfile.is_tarfile(source):
         raise ValueError(f"{source} is neither a folder nor a tar archive of <split>/<class>/ images")
     else:
+        _read_tar(source, blobs)
+    return blobs
+
+
+def _read_tar(source: Path, blobs: dict) -> None:
+    """The images of a tar(.gz), which must end as a whole archive does: a cut one is an error, not fewer images."""
+    last = None
+
+    def cut(what: str) -> ValueError:
+        after = f"; the last whole image is {last}" if last else ""
+        return ValueError(f"{source} is {what}: it ends after {len(blobs)} images{after}. Download or copy it "
+                          "again (a half-finished download or copy looks like this).")
+
+    try:
         # One streaming pass: random access into a .tar.gz would re-inflate from the start.
         with tarfile.open(source, "r:*") as tar:
             for member in tar:
                 place = _place(member.name)
                 if place and member.isfile():
                     blobs[(*place, PurePosixPath(member.name).name)] = tar.extractfile(member).read()
-    return blobs
+                    last = member.name
+            # tarfile stops quietly where a cut tar ends; a whole one ends with two zero blocks (then
+            # padding, and a .gz with its checksum: reading to the end checks that too)
+            tar.fileobj.seek(tar.offset)
+            end = tar.fileobj.read(2 * tarfile.BLOCKSIZE)
+            while tar.fileobj.read(1 << 20):
+                pass
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError) as e:
+        raise cut(f"cut short or damaged ({type(e).__name__}: {e})") from None
+    if len(end) < 2 * tarfile.BLOCKSIZE or any(end):
+        raise cut("cut short (no end-of-archive marker)")
 
 
-def _decode(blobs: list[tuple[str, bytes]]) -> np.ndarray:
+def _decode(blobs: list[tuple[str, bytes]], source: Path) -> np.ndarray:
     """Decode to uint8 [N, 3, H, W]; every image must have the size of the first."""
     out = None
     for i, (name, blob) in enumerate(blobs):
-        with Image.open(io.BytesIO(blob)) as image:
-            pixels = np.asarray(image.convert("RGB"))
+        try:
+            with Image.open(io.BytesIO(blob)) as image:
+                pixels = np.asarray(image.convert("RGB"))
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            why = ("not a JPEG or PNG image" if isinstance(e, UnidentifiedImageError)
+                   else f"{type(e).__name__}: {e}")
+            raise ValueError(f"{source}: the image {name} cannot be decoded ({why}). Replace that file, or "
+                             "download or copy the data set again.") from None
         if out is None:
             out = np.empty((len(blobs), *pixels.shape), np.uint8)
         if pixels.shape != out.shape[1:]:
-            raise ValueError(f"{name}: image of shape {pixels.shape}, others are {out.shape[1:]}")
+            raise ValueError(f"{source}: {name}: image of shape {pixels.shape}, others are {out.shape[1:]}")
         out[i] = pixels
     return out.transpose(0, 3, 1, 2).copy()
 
@@ -181,7 +214,7 @@ def decode_image_tree(source: str | Path, limit_per_class: int | None = None) ->
             names = sorted(names_at.get((split, cls), []))[:limit_per_class]
             chosen += [(f"{split}/{cls}/{n}", blobs[(split, cls, n)]) for n in names]
             labels += [label] * len(names)
-        splits[split] = (_decode(chosen), np.asarray(labels, np.int64))
+        splits[split] = (_decode(chosen, source), np.asarray(labels, np.int64))
     return splits, classes
 
 

@@ -89,15 +89,36 @@ def _load_cifar(name: str, root, *, val_size, split_seed, normalize, flatten, au
     folder = _CIFAR_FOLDERS[name]
     path = locate_image_data(name, root)
     first_batch = "data_batch_1" if name == "cifar10" else "train"
-    if path.is_dir() and ((path / first_batch).is_file() or (path / folder).is_dir()):
+    pickles = path.is_dir() and ((path / first_batch).is_file() or (path / folder).is_dir())
+    if pickles:
         splits, classes = read_cifar_pickles(path, name)
         splits = {s: _take_per_class(x, y, limit_per_class) for s, (x, y) in splits.items()}
     else:
         splits, classes = load_image_tree(path, limit_per_class=limit_per_class, cache=cache, cache_dir=cache_dir)
     if len(classes) != num_classes:
         raise ValueError(f"{path}: found {len(classes)} classes, {name} has {num_classes}")
+    if not pickles:  # the pickle batches are whole pickles: a cut one does not load at all
+        _check_promised_sizes(path, name, splits, classes, limit_per_class)
     return build_image_dataset(name, classes, splits["train"], splits.get("test"), val_size=val_size,
                                split_seed=split_seed, normalize=normalize, flatten=flatten, augment=augment)
+
+
+_PER_CLASS = {"cifar10": {"train": 5000, "test": 1000}, "cifar100": {"train": 500, "test": 100}}
+
+
+def _check_promised_sizes(path: Path, name: str, splits, classes, limit_per_class: int | None) -> None:
+    """A JPEG tree or tar has the official count of every class in each split (a cut file has fewer)."""
+    for split, per_class in _PER_CLASS[name].items():
+        want = per_class if limit_per_class is None else min(limit_per_class, per_class)
+        labels = splits[split][1] if split in splits else np.zeros(0, np.int64)
+        counts = np.bincount(labels, minlength=len(classes))
+        short = [(classes[i], int(n)) for i, n in enumerate(counts) if n != want]
+        if short:
+            cls, n = short[0]
+            raise ValueError(
+                f"{path}: its {split} split has {int(counts.sum())} images; {name} promises {want * len(classes)} "
+                f"({want} per class), but {cls} has {n}. The data set is incomplete: download or copy it again "
+                "(data.limit_per_class takes a smaller equal number of each class).")
 
 
 def load_cifar10(root: str | Path | None = None, *, val_size: int | float = 5000, split_seed: int = 0,

@@ -71,6 +71,8 @@ def prepare_text(out_dir: str | Path, text_path: str | Path | None = None, token
         text = source.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{source} is not UTF-8 text ({e})") from e
+    if not text:
+        raise ValueError(f"{source} is empty: a text data set needs a text to split into train and val")
     tok = get_tokenizer(kind, text)
     if tok.vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
         raise ValueError(f"vocabulary of {tok.vocab_size} does not fit the uint16 token files")
@@ -116,6 +118,8 @@ class TokenDataset:
             if not path.is_file():
                 raise FileNotFoundError(f"{path} not found: a data directory holds train.bin and val.bin "
                                         "(make them from a text file with prepare_text)")
+            if path.stat().st_size == 0:
+                raise ValueError(f"{path} is empty: it holds no token ids")
             if path.stat().st_size % np.dtype(TOKEN_DTYPE).itemsize:
                 raise ValueError(f"{path}: odd size, not a file of uint16 token ids")
         meta = read_meta(self.data_dir)
