@@ -15,10 +15,10 @@ STEPS, SAVE_AT, BATCH, LR = 24, 12, 8, 0.02
 
 
 def training_args(out, **kw):
-    return transformers.TrainingArguments(
-        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=LR,
-        weight_decay=0.1, save_strategy="steps", save_steps=SAVE_AT, logging_steps=1, report_to=[], seed=0,
-        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, **kw)
+    return transformers.TrainingArguments(**{
+        "output_dir": str(out), "max_steps": STEPS, "per_device_train_batch_size": BATCH, "learning_rate": LR,
+        "weight_decay": 0.1, "save_strategy": "steps", "save_steps": SAVE_AT, "logging_steps": 1, "report_to": [],
+        "seed": 0, "use_cpu": True, "disable_tqdm": True, "dataloader_num_workers": 0, **kw})
 
 
 def test_create_optimizer_reads_training_arguments(tmp_path):
@@ -54,6 +54,31 @@ def test_trainer_resumes_with_the_same_losses(corpus, tmp_path):
     assert trainer.optimizer.optimizer.state  # Trainer wraps the MOGA instance given to it
     resumed, _ = run(tmp_path / f"checkpoint-{SAVE_AT}")
     assert resumed == full[SAVE_AT:]  # bitwise: weights, MOGA's momentum, schedule, data order and dropout RNG
+
+
+def test_trainer_keeps_role_multipliers_through_its_schedule_and_a_resume(corpus, tmp_path):
+    """Trainer's cosine schedule scales each role's multiplied lr; resuming into an optimizer built without
+    multipliers restores them from the checkpoint, and the losses match bit for bit."""
+    steps, save_at = 8, 4
+    data = CharBlocks(corpus, steps * BATCH)
+    multipliers = {"tied": 0.5, "vector": 2.0}
+
+    def run(resume=None):
+        model = tiny_gpt2(data.vocab_size, seed=1 if resume else 0)
+        losses = record_losses(model)
+        opt = create_optimizer(model, args, **({} if resume else {"lr_multipliers": multipliers}))
+        schedule = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=steps)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, schedule))
+        trainer.train(resume_from_checkpoint=resume)
+        return losses, opt
+
+    args = training_args(tmp_path, max_steps=steps, save_steps=save_at)
+    full, opt = run()
+    resumed, opt2 = run(tmp_path / f"checkpoint-{save_at}")
+    assert len(full) == steps and resumed == full[save_at:]
+    for o in (opt, opt2):
+        lrs = {g["role"]: g["lr"] / g["lr_multiplier"] for g in o.param_groups}
+        assert len(set(lrs.values())) == 1 and {g["role"]: g["lr_multiplier"] for g in o.param_groups}["tied"] == 0.5
 
 
 def test_accelerate_prepare_save_and_load_state(corpus, tmp_path):
