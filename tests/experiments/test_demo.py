@@ -17,7 +17,8 @@ def test_full_demo_grid_has_the_depth_paper_structure():
 
 
 def test_quick_demo_runs_and_reports(tmp_path):
-    result = run_demo(tmp_path / "demo", quick=True, workers=2, progress=False)
+    # one seed (max_seeds=1): the seeding loop is tested with the reproductions; here the grid and the report
+    result = run_demo(tmp_path / "demo", quick=True, workers=2, progress=False, max_seeds=1)
     counts = result["counts"]
     assert counts["finished"] + counts["diverged"] == 48 and counts["failed"] == 0
     summary = json.loads((result["report"] / "summary.json").read_text())

@@ -3,7 +3,9 @@
 Residual MLPs of fixed width (128) and depths K = 2, 8, 32 are trained on Fashion-MNIST (scikit-learn's
 digits where Fashion-MNIST is not installed) with AdamW, Muon and MOGA (row, p = 2), each over six learning
 rates, with unscaled branches (alpha = 1) and with the inverse-depth scaling alpha = K_base/K (K_base = 2).
-The report then says, per optimizer and scaling, whether the best learning rate stays put across depth.
+The report then says, per optimizer and scaling, whether the best learning rate stays put across depth, with
+95% seed intervals: after the grid's one seed, seeds are added on each panel's decisive rates until its verdict
+is decided (3 seeds there at least, 6 at most; ``--seeds`` and ``--max-seeds``).
 """
 
 from __future__ import annotations
@@ -69,15 +71,20 @@ def demo_sweep(quick: bool = False, data: str | None = None) -> dict:
 
 
 def run_demo(out: Path, quick: bool = False, workers: int = 2, data: str | None = None,
-             progress: bool = True) -> dict:
+             progress: bool = True, min_seeds: int = 3, max_seeds: int = 6) -> dict:
+    """The sweep, then seeds on each panel's decisive rates until its verdict is decided (or ``max_seeds``)."""
     from moga.sweep.executor import run_sweep
     from moga.sweep.report import write_report
     from moga.sweep.results import records
+    from moga.sweep.seeds import run_until_decided
     from moga.sweep.spec import Sweep
     from moga.sweep.store import SweepStore
 
-    sweep = Sweep.from_dict(demo_sweep(quick, data))
-    counts = run_sweep(sweep, out, workers=workers, progress=progress)
+    spec = demo_sweep(quick, data)
+    sweep, counts = run_until_decided(
+        lambda include: Sweep.from_dict({**spec, "include": include}), out,
+        lambda sw: run_sweep(sw, out, workers=workers, progress=progress),
+        lambda sw: (records(SweepStore(out)), "model.depth"), ("optimizer", "scaling"), 0.02, min_seeds, max_seeds)
     rows = records(SweepStore(out))
     paths = write_report(rows, out / "report", scale_key="model.depth",
                          title=f"Learning-rate transfer across depth ({sweep.base['data']['name']}, residual MLP)",
@@ -117,10 +124,12 @@ def demo_command(
     workers: int = typer.Option(2, "--workers", "-w", min=1, help="worker processes"),
     data: str = typer.Option(None, help="fashion-mnist or digits (default: Fashion-MNIST where installed)"),
     readme: Path = typer.Option(None, "--update-readme", help="write the figure and verdicts into this README's demo section"),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="seeds at each panel's decisive rates (the grid runs one)"),
+    max_seeds: int = typer.Option(6, "--max-seeds", min=1, help="most seeds there while a verdict is inconclusive"),
 ) -> None:
     """The depth paper's figure 1 at CPU scale: residual MLPs at depths 2-32, AdamW vs Muon vs MOGA, with and
     without alpha = K_base/K, six learning rates each; then the transfer report. Re-running resumes."""
-    result = run_demo(out, quick=quick, workers=workers, data=data)
+    result = run_demo(out, quick=quick, workers=workers, data=data, min_seeds=seeds, max_seeds=max(seeds, max_seeds))
     if readme is not None:
         command = "moga demo" + (" --quick" if quick else "")
         update_readme(readme, result["report"], readme.parent / "docs", command)

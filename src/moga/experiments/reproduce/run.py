@@ -39,21 +39,22 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
         outcome = _convergence(rep, out, scale, data, progress)
     else:
         from moga.sweep.executor import run_sweep
+        from moga.sweep.seeds import run_until_decided, stored_include
 
-        include = _stored_include(out)  # seeds an earlier run added stay in the grid
-        sweep = _sweep(rep, scale, data, include)
-        # failed cells (a missing data set, say) run again: a reproduction is re-run to complete it
         run = lambda sw: run_sweep(sw, out, workers=workers, executor=executor,  # noqa: E731
                                    ray_address=ray_address, progress=progress, retry_failed=True)
-        counts = run(sweep)
-        while rep.kind in ("transfer", "race") and max_seeds > 1:
-            extra = (_seeds_wanted(rep, sweep, out, max_regret, min_seeds, max_seeds) if rep.kind == "transfer"
-                     else _race_seeds(rep, sweep, out, min_seeds))
-            if not extra:
-                break
-            include += extra
-            sweep = _sweep(rep, scale, data, include)
-            counts = run(sweep)
+        make = lambda include: _sweep(rep, scale, data, include)  # noqa: E731
+        if rep.kind == "transfer":
+            sweep, counts = run_until_decided(make, out, run, lambda sw: _records(rep, sw, out), rep.group_keys,
+                                              max_regret, min_seeds, max_seeds)
+        else:
+            include = stored_include(out)
+            sweep = make(include)
+            counts = run(sweep)  # failed cells (a missing data set, say) run again: a re-run completes it
+            while rep.kind == "race" and max_seeds > 1 and (extra := _race_seeds(rep, sweep, out, min_seeds)):
+                include += extra
+                sweep = make(include)
+                counts = run(sweep)
         judge = {"transfer": _transfer, "joint": _joint, "race": _race, "quality": quality.judge}[rep.kind]
         outcome = judge(rep, sweep, out, max_regret)
         outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
@@ -73,26 +74,6 @@ def _sweep(rep: Reproduction, scale: str, data: str | None, include: list[dict])
     if include:
         spec["include"] = include
     return Sweep.from_dict(spec)
-
-
-def _stored_include(out: Path) -> list[dict]:
-    from moga.sweep.store import SweepStore
-
-    store = SweepStore(out)
-    if not store.exists():
-        return []
-    return list(store.definition()["spec"].get("include") or [])
-
-
-def _seeds_wanted(rep: Reproduction, sweep, out: Path, max_regret: float, min_seeds: int, max_seeds: int) -> list:
-    from moga.experiments.reproduce.seeds import more_seeds
-    from moga.sweep.report import analyze
-    from moga.sweep.store import SweepStore
-
-    rows, scale_key = _records(rep, sweep, out)
-    summaries = analyze(rows, scale_key=scale_key, group_keys=rep.group_keys, max_regret=max_regret)
-    params = {c["id"]: c["params"] for c in SweepStore(out).cells()}
-    return more_seeds(summaries, rows, scale_key, rep.group_keys, params.__getitem__, min_seeds, max_seeds)
 
 
 def _race_seeds(rep: Reproduction, sweep, out: Path, min_seeds: int) -> list:

@@ -1,5 +1,7 @@
 """Seeds where the decision is close: after the grid's one seed, more seeds on each panel's decisive rates.
 
+Used by ``moga reproduce`` and ``moga demo`` (:func:`run_until_decided`); the same rule serves any sweep.
+
 The decisive rates of a panel at a scale are its seed-mean argmin, the argmin's two neighbours and the two
 grid rates around the reference scale's refined optimum (where the regret is read). A panel that is
 decided keeps ``min_seeds`` seeds there (one seed is an anecdote); an inconclusive one gets as many as its
@@ -13,8 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from moga.sweep.report import analyze
 from moga.sweep.report.schema import parse_records
 from moga.sweep.report.summary import PanelSummary
+from moga.sweep.store import SweepStore
 
 
 def decisive_lrs(p: PanelSummary) -> dict[float, list[float]]:
@@ -70,3 +74,32 @@ def more_seeds(summaries: Sequence[PanelSummary], rows: list[dict], scale_key: s
                     if seed not in have[key]:
                         out.append({**base, "seed": seed})
     return out
+
+
+def stored_include(out) -> list[dict]:
+    """The seeds an earlier run of this sweep directory added (they stay in the grid when it resumes)."""
+    store = SweepStore(out)
+    if not store.exists():
+        return []
+    return list(store.definition()["spec"].get("include") or [])
+
+
+def run_until_decided(make_sweep, out, run, rows_of, group_keys: Sequence[str], max_regret: float,
+                      min_seeds: int = 3, max_seeds: int = 6):
+    """Run the grid (``make_sweep(include)`` builds the sweep, ``run(sweep)`` runs it and returns its counts),
+    then add seeds until no panel wants more; returns (sweep, counts). ``rows_of(sweep)`` gives the records
+    and their scale key. Resumable: the seeds already added are read back from the store."""
+    include = stored_include(out)
+    sweep = make_sweep(include)
+    counts = run(sweep)
+    while max_seeds > 1:
+        rows, scale_key = rows_of(sweep)
+        summaries = analyze(rows, scale_key=scale_key, group_keys=group_keys, max_regret=max_regret)
+        params = {c["id"]: c["params"] for c in SweepStore(out).cells()}
+        extra = more_seeds(summaries, rows, scale_key, group_keys, params.__getitem__, min_seeds, max_seeds)
+        if not extra:
+            break
+        include = include + extra
+        sweep = make_sweep(include)
+        counts = run(sweep)
+    return sweep, counts
