@@ -8,10 +8,12 @@ first (``phi_p`` is scale invariant): then every power lies in [0, 1], every sum
 is exact from the smallest subnormal to the largest float. Nothing here reads a tensor's value on the
 host: the step never waits for the device.
 
-The one exception is the fused l2 step (:func:`add_phi_` with ``p = 2``, the speed-critical row(2)
-step), which squares ``g`` directly, saving two passes. Its squares are exact for row norms in
-``[l2_safe_low(dtype), sqrt(max float))`` (float32 and bfloat16: 1.1e-16 to 1.8e19); a row (column) outside that
-range has no representable direction in that pass and takes a zero update, as a zero row does.
+The one exception is the fast l2 step (:func:`add_phi_` with ``p = 2`` on CPU tensors, the speed-critical
+row(2) step), which squares ``g`` directly, saving two passes. Its squares are exact for row norms in
+``[l2_safe_low(dtype), sqrt(max float))`` (float32 and bfloat16: 1.1e-16 to 1.8e19); the rows (columns)
+outside that range are then stepped again by the exact path, as the C++ kernel redoes them. Whether
+there are any is read on the host, which for CPU tensors waits for nothing; on other devices (and inside
+torch.compile) ``p = 2`` takes the exact path directly.
 
 Sharded tensors. Every reduction along the reduced axes (sums of ``|g|^p``, maxima, squared sums) goes
 through ``reduce(partial, op)``, ``op`` in ``{"sum", "max"}``: it combines a per-row (or per-column)
@@ -119,15 +121,40 @@ def l2_safe_low(dtype: torch.dtype) -> float:
 
 def _fast_l2_direction(
     g: torch.Tensor, dims: tuple[int, ...], workspace: Workspace | None, reduce: Reduce | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, 1/||g||_2) per row from plain squares; rows whose squares are not exact get 0 (module doc)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(g, 1/||g||_2, outside) per row from plain squares; rows whose squares are not exact (zero rows
+    among them) get 0 and are flagged in ``outside`` (module doc)."""
     if reduce is None and dims == (g.ndim - 1,):
         norm = torch.linalg.vector_norm(g, ord=2, dim=dims, keepdim=True)
     else:  # vector_norm over leading axes is ~30x slower on CPUs than squaring and summing
         squares = torch.mul(g, g, out=scratch(workspace, g, 0)).sum(dim=dims, keepdim=True)
         norm = combine(squares, "sum", reduce).sqrt_()
-    low = l2_safe_low(g.dtype)
-    return g, torch.where((norm >= low) & torch.isfinite(norm), norm.reciprocal(), torch.zeros_like(norm))
+    inside = (norm >= l2_safe_low(g.dtype)) & torch.isfinite(norm)
+    return g, torch.where(inside, norm.reciprocal(), torch.zeros_like(norm)), ~inside
+
+
+def _fast_l2_applies(g: torch.Tensor) -> bool:
+    """The fast l2 step needs to see on the host whether a row fell outside its range: free for CPU tensors."""
+    return g.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _add_l2_phi_(
+    param: torch.Tensor, g: torch.Tensor, dims: tuple[int, ...], c: Scalar, workspace: Workspace | None,
+    reduce: Reduce | None,
+) -> None:
+    """``param += c * phi_2(g)``: the fast pass, then the rows it could not step (tiny or huge norms) again by
+    the exact path. Zero rows are outside too but have nothing to add; telling them from rows whose squares
+    underflowed takes their maxima, only when some row is outside. Every rank sharing a row combines the
+    same sums, so all of them take the same branches (and make the same reductions)."""
+    t, s, outside = _fast_l2_direction(g, dims, workspace, reduce)
+    param.addcmul_(t, s.mul_(c))
+    if not bool(outside.any()):
+        return
+    outside &= row_max(g, dims, reduce) > 0
+    if not bool(outside.any()):
+        return
+    t, s = _direction(g, 2.0, dims, workspace, reduce)
+    param.addcmul_(t, torch.where(outside, s.mul_(c), torch.zeros_like(s)))
 
 
 def _peak_sign(g: torch.Tensor, dims: tuple[int, ...], reduce: Reduce | None = None) -> torch.Tensor:
@@ -167,6 +194,8 @@ def add_phi_(
         add_scaled_(param, torch.sign(g, out=scratch(workspace, g, 0)), c)
     elif p == INF:
         add_scaled_(param, _peak_sign(g, dims, reduce), c)
+    elif p == 2 and _fast_l2_applies(g):
+        _add_l2_phi_(param, g, dims, c, workspace, reduce)
     else:
-        t, s = _fast_l2_direction(g, dims, workspace, reduce) if p == 2 else _direction(g, p, dims, workspace, reduce)
+        t, s = _direction(g, p, dims, workspace, reduce)
         param.addcmul_(t, s.mul_(c))

@@ -124,7 +124,38 @@ def test_step_needs_the_loss_and_accepts_a_closure():
     # L = 1: eta = alpha / (1 + sqrt(loss)), whatever the norm.
     assert opt.last["eta"] == pytest.approx(0.1 / (1 + math.sqrt(before)), rel=1e-6)
     with pytest.raises(FloatingPointError):
-        opt.step(loss=float("nan"))
+        AdaptiveGD(model.parameters(), alpha=0.1, layers=1, nonfinite="raise").step(loss=float("nan"))
+
+
+@pytest.mark.parametrize("where", ["gradient", "loss"])
+def test_a_non_finite_step_is_skipped_or_raises_and_writes_nothing(where):
+    """AdaptiveGD wrote NaN into the weights on a NaN gradient; now it has the others' policy."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+
+    def backward():
+        model.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        if where == "gradient":
+            model[1].weight.grad[0, 2] = float("nan")
+        return loss.item() if where == "gradient" else float("inf")
+
+    opt = AdaptiveGD(model.parameters(), alpha=0.1, layers=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step(loss=backward())
+    assert opt.skipped_steps == 1 and opt.w0_norm is None
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    restored = AdaptiveGD(model.parameters(), alpha=0.1, layers=2)
+    restored.load_state_dict(opt.state_dict())
+    assert restored.skipped_steps == 1
+    strict = AdaptiveGD(model.parameters(), alpha=0.1, layers=2, nonfinite="raise")
+    with pytest.raises(FloatingPointError, match="group 0 param 2" if where == "gradient" else "loss inf"):
+        strict.step(loss=backward())
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    with pytest.raises(ValueError, match="nonfinite"):
+        AdaptiveGD(model.parameters(), nonfinite="warn")
 
 
 def test_state_dict_keeps_w0_and_schedulers_scale_alpha():

@@ -1,6 +1,7 @@
 """Loading state: another optimizer's or another model's state is an error naming the first mismatch,
 and the optimizer is left as it was."""
 
+import copy
 import subprocess
 import sys
 import textwrap
@@ -88,3 +89,42 @@ def test_scaled_adamw_with_state_of_other_shapes_fails_cleanly():
     assert run.returncode == 0, run.stderr[-2000:]
     assert "refused: param group 0 (embedding), 0.weight: state 'exp_avg' has shape (10, 64)" in run.stdout
     assert "finite: True" in run.stdout
+
+
+@pytest.mark.parametrize("kernel", ["cpp", "torch"])
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_a_parameter_reshaped_between_steps_is_refused_on_both_paths(kernel, momentum):
+    """The C++ kernel stepped the (6, 4) weight with the (4, 6) momentum, silently."""
+    w = nn.Parameter(torch.randn(4, 6))
+    opt = MOGA([w], geometry="row(p=2)", momentum=momentum, kernel=kernel)
+    w.grad = torch.randn(4, 6)
+    opt.step()
+    w.data = w.data.reshape(6, 4)
+    w.grad = torch.randn(6, 4)
+    before, state = w.detach().clone(), {k: v.clone() for k, v in opt.state[w].items()}
+    with pytest.raises(RuntimeError, match=r"params\[0\]: the parameter's shape changed from \(4, 6\) to \(6, 4\)"):
+        opt.step()
+    assert torch.equal(w, before) and all(torch.equal(v, state[k]) for k, v in opt.state[w].items())
+
+
+@pytest.mark.parametrize("make,key,value", [
+    (MOGA, "momentum_buffer", float("nan")),
+    (MOGA, "momentum_buffer", float("inf")),
+    (MOGA, "exp_avg", float("nan")),
+    (ScaledAdamW, "exp_avg_sq", float("-inf")),
+    (ScaledAdamW, "exp_avg_sq", -1.0),
+    (ScaledAdamW, "step", float("nan")),
+    (lambda m, **kw: MOGA(m, master_weights=True, **kw), "master", float("nan")),
+])
+def test_non_finite_state_is_refused_at_load(make, key, value):
+    """A NaN in a loaded momentum passed load_state_dict, then NaN'd a whole row (C++) or one weight (plain)."""
+    model = TinyNet().to(torch.bfloat16) if key == "master" else TinyNet()
+    _, opt = trained(lambda m: make(m, overrides=TINY_OVERRIDES), model)
+    state = copy.deepcopy(opt.state_dict())  # not the live tensors
+    index = next(i for i, s in state["state"].items() if key in s)
+    state["state"][index][key].view(-1)[0] = value
+    before = {k: {n: v.clone() for n, v in s.items()} for k, s in opt.state_dict()["state"].items()}
+    with pytest.raises(ValueError, match=rf"state '{key}' holds (NaN or inf|a negative value)"):
+        opt.load_state_dict(state)
+    after = opt.state_dict()["state"]
+    assert all(torch.equal(v, before[k][n]) for k, s in after.items() for n, v in s.items())

@@ -177,13 +177,16 @@ void exact_update(const T* d, T* w, int64_t n, int64_t d_stride, int64_t w_strid
     peak = std::max(peak, a);
   }
   const double p = cfg.p;
+  // |d| / peak; by the reciprocal where it is finite, else (a float64 row of subnormals) by division
   const double inv = peak > 0 && std::isfinite(peak) ? 1.0 / peak : 1.0;
+  const double divisor = std::isfinite(inv) ? 1.0 : peak;
+  const double by = std::isfinite(inv) ? inv : 1.0;
   double s = nan ? NAN : 0.0;
-  for (int64_t i = 0; i < n; ++i) s += std::pow(std::abs(double(d[i * d_stride])) * inv, p);
+  for (int64_t i = 0; i < n; ++i) s += std::pow(std::abs(double(d[i * d_stride])) * by / divisor, p);
   const double f = factor(s, p, c, Kind::Generic);
   for (int64_t i = 0; i < n; ++i) {
     double di = double(d[i * d_stride]);
-    double t = std::copysign(std::pow(std::abs(di) * inv, p - 1), di);
+    double t = std::copysign(std::pow(std::abs(di) * by / divisor, p - 1), di);
     T& wi = w[i * w_stride];
     wi = T(double(T(wi * T(cfg.decay))) + f * t);
   }

@@ -14,6 +14,8 @@ import math
 import torch
 from torch.optim import Optimizer
 
+NONFINITE_POLICIES = ("skip", "raise", "ignore")
+
 
 def _log_expm1(a: float) -> float:
     """log(e^a - 1) for a > 0, without overflow for large a."""
@@ -84,11 +86,19 @@ class AdaptiveGD(Optimizer):
     L. ``||W_0||`` is measured at the first step unless given. Each step needs the loss at ``W_t``:
     ``step(closure)`` or ``step(loss=value)``. Full-batch or minibatch alike: the loss is whatever the
     gradient came from. After a step, ``last`` holds ``eta``, ``w_norm``, ``w0_norm`` and ``loss``.
+
+    Non-finite values, as the geometry optimizers: ``nonfinite="skip"`` (default) turns a step whose loss or
+    gradients hold NaN or inf into a no-op (the weights stay bit for bit as they were; ``skipped_steps``
+    counts it), ``"raise"`` raises ``FloatingPointError`` naming them, ``"ignore"`` checks the gradients no
+    more (a non-finite loss still raises: it has no step size).
     """
 
     needs_loss = True
 
-    def __init__(self, params, alpha: float = 1.0, layers: int = 2, *, w0_norm: float | None = None):
+    def __init__(self, params, alpha: float = 1.0, layers: int = 2, *, w0_norm: float | None = None,
+                 nonfinite: str = "skip"):
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
         if not math.isfinite(alpha) or alpha < 0:
             raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
         if int(layers) != layers or layers < 1:
@@ -97,6 +107,8 @@ class AdaptiveGD(Optimizer):
         self.layers = int(layers)
         self.w0_norm = None if w0_norm is None else float(w0_norm)
         self.last: dict[str, float] = {}
+        self.nonfinite = nonfinite
+        self.skipped_steps = 0
 
     def parameters(self):
         return [p for group in self.param_groups for p in group["params"]]
@@ -109,6 +121,8 @@ class AdaptiveGD(Optimizer):
         if loss is None:
             raise ValueError("AdaptiveGD needs the loss at W_t: call step(closure) or step(loss=value)")
         value = float(loss)
+        if self.nonfinite != "ignore" and self._refuse_nonfinite(value):
+            return loss
         w_norm = global_norm(self.parameters())
         if self.w0_norm is None:
             self.w0_norm = w_norm
@@ -122,13 +136,27 @@ class AdaptiveGD(Optimizer):
                      "w0_norm": self.w0_norm, "loss": value}
         return loss
 
+    def _refuse_nonfinite(self, loss: float) -> bool:
+        """True when this step is skipped for a non-finite loss or gradient (or raises, by the policy)."""
+        bad = [f"group {gi} param {k}" for gi, group in enumerate(self.param_groups)
+               for k, p in enumerate(group["params"])
+               if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        if math.isfinite(loss) and not bad:
+            return False
+        what = [] if math.isfinite(loss) else [f"loss {loss}"]
+        what += [f"gradient in {', '.join(bad[:5])}"] if bad else []
+        if self.nonfinite == "raise":
+            raise FloatingPointError(f"non-finite {' and '.join(what)}; the weights are unchanged")
+        self.skipped_steps += 1
+        return True
+
     def diagnostics(self) -> dict[str, float]:
         """What the training engine logs beside its own loss: eta_t, ||W_t|| and ||W_0||."""
         return {k: v for k, v in self.last.items() if k != "loss"}
 
     def state_dict(self):
         state = super().state_dict()
-        state["adaptive"] = {"w0_norm": self.w0_norm, "layers": self.layers}
+        state["adaptive"] = {"w0_norm": self.w0_norm, "layers": self.layers, "skipped_steps": self.skipped_steps}
         return state
 
     def load_state_dict(self, state_dict):
@@ -137,4 +165,5 @@ class AdaptiveGD(Optimizer):
         if extra.get("layers", self.layers) != self.layers:
             raise ValueError(f"state is for L={extra['layers']}, this optimizer has L={self.layers}")
         self.w0_norm = extra.get("w0_norm", self.w0_norm)
+        self.skipped_steps = int(extra.get("skipped_steps", 0))
         super().load_state_dict(state_dict)

@@ -194,6 +194,7 @@ class GeometryOptimizer(Optimizer):
             params = [p for p in params if p.numel()]  # a zero-size parameter has nothing to step
             for p in params:
                 sharded.check_grad(lambda: _name_of(group, p), p)
+                plan.check_shape(lambda: _name_of(group, p), p)
             if params:
                 work.append((gi, plan, group, params))
         if not work or not self._lr_finite(work):
@@ -475,12 +476,22 @@ def _name_of(group: dict, p: torch.Tensor) -> str:
 class GroupPlan:
     """What the step needs of one param group: its geometry, parsed once, and each parameter's layout."""
 
-    def __init__(self, geometry: Geometry, layouts: dict[int, Layout | None]):
+    def __init__(self, geometry: Geometry, layouts: dict[int, Layout | None], shapes: dict[int, torch.Size]):
         self.geometry = geometry
         self._layouts = layouts  # by id(param)
+        self._shapes = shapes  # by id(param): the shapes the layouts (and any state) were made for
 
     def layout(self, p: torch.Tensor) -> Layout | None:
         return self._layouts[id(p)]
+
+    def check_shape(self, name, p: torch.Tensor) -> None:
+        """A parameter reshaped since the optimizer took it (``p.data = ...``) would be stepped with the old
+        shape's layout and momentum; ``name()`` gives its name for the error."""
+        if p.shape != self._shapes[id(p)]:
+            raise RuntimeError(
+                f"{name()}: the parameter's shape changed from {tuple(self._shapes[id(p)])} to {tuple(p.shape)} "
+                "since the optimizer took it, and its layout and optimizer state are for the old shape; build a "
+                "new optimizer for the reshaped model (or load a state dict made for it)")
 
     def sign_scale(self, p: torch.Tensor) -> float | None:
         return self.geometry.sign_scale(p.shape, self.layout(p))
@@ -496,6 +507,7 @@ def _plan_group(group: dict) -> GroupPlan:
     geometry = parse_geometry(group["geometry"])
     group["geometry"] = str(geometry)
     layouts = {}
+    shapes = {id(p): p.shape for p in group["params"]}
     for k, p in enumerate(group["params"]):
         name = group["names"][k] if "names" in group else f"params[{k}] of shape {tuple(p.shape)}"
         if not p.is_floating_point():
@@ -510,7 +522,7 @@ def _plan_group(group: dict) -> GroupPlan:
         layouts[id(p)] = sharded.global_layout(p, layouts[id(p)])  # factors from the global shape
         if group["update"] == "adam" and geometry.sign_scale(p.shape, layouts[id(p)]) is None:
             raise ValueError(f"{name}: update='adam' needs a sign geometry, not {geometry}")
-    return GroupPlan(geometry, layouts)
+    return GroupPlan(geometry, layouts, shapes)
 
 
 STATE_KEYS = {"lmo": {"momentum_buffer", "master"}, "adam": {"exp_avg", "exp_avg_sq", "step", "master"}}
@@ -547,6 +559,23 @@ def _check_state_matches(groups: list[dict], state_dict: Mapping) -> None:
                 if tuple(value.shape) != expected:
                     raise ValueError(f"{where}, {name}: state {key!r} has shape {tuple(value.shape)}, "
                                      f"expected {expected} (parameter shape {tuple(p.shape)})")
+                _check_state_values(f"{where}, {name}", key, value)
+
+
+def _check_state_values(where: str, key: str, value: torch.Tensor) -> None:
+    """Loaded state no run can continue from: NaN or inf (a momentum NaN spreads over a whole row in one
+    step), a negative second moment or step count. One read of each tensor, at load only."""
+    shard = local(value)
+    if not shard.numel():
+        return
+    low, high = (float(x) for x in torch.aminmax(shard.detach()))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(f"{where}: state {key!r} holds NaN or inf: the saved optimizer state is corrupt (the "
+                         "next step would spread it over whole rows of weights); load an earlier checkpoint, or "
+                         "this one's weights without its optimizer state")
+    if key in ("exp_avg_sq", "step") and low < 0:
+        raise ValueError(f"{where}: state {key!r} holds a negative value ({low:g}), which no step writes: "
+                         "the saved optimizer state is corrupt")
 
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)

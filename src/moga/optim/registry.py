@@ -57,8 +57,8 @@ def _moga(model, weight_decay=0.0, matrices=None, **kw):
     return MOGA(model, weight_decay=weight_decay, **kw)
 
 
-def _adaptive(model, weight_decay=0.0, lr=1.0, layers=None):
-    return AdaptiveGD(model.parameters(), alpha=lr, layers=layers)
+def _adaptive(model, weight_decay=0.0, lr=1.0, layers=None, nonfinite=None):
+    return AdaptiveGD(model.parameters(), alpha=lr, layers=layers, nonfinite=nonfinite or "skip")
 
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {e.name: e for e in (
@@ -74,7 +74,7 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {e.name: e for e in (
                    description="rescaled AdamW: lr/fan_in on matrices"),
     OptimizerEntry("sgd", _torch(torch.optim.SGD), frozenset({"momentum", "nesterov", "fused"}), default_lr=1e-2,
                    description="torch.optim.SGD"),
-    OptimizerEntry("adaptive-gd", _adaptive, frozenset({"layers"}), default_lr=1.0,
+    OptimizerEntry("adaptive-gd", _adaptive, frozenset({"layers", "nonfinite"}), default_lr=1.0,
                    description="the convergence paper's adaptive gradient descent"),
 )}
 OPTIMIZER_NAMES = tuple(OPTIMIZERS)

@@ -185,7 +185,8 @@ class OptimConfig(_Section):
     matrices: str | None = Field(None, description="moga: the geometry of input, hidden and conv matrices in "
                                  "place of row(p), e.g. 'col(q=2)' (the width paper's column normalization); "
                                  "the readout keeps row(p)")
-    nonfinite: Literal["skip", "raise"] | None = Field(None, description="moga family: non-finite gradients")
+    nonfinite: Literal["skip", "raise"] | None = Field(None, description="moga family and adaptive-gd: "
+                                                       "non-finite gradients (and adaptive-gd's loss)")
     step_rule: Literal["lr", "depth_paper"] = Field(
         "lr", description="lr: the schedule's rate; depth_paper (moga, muon, adamw-scaled): "
         "lr_t = min(schedule lr, ||grad||_block,* / L), the depth paper's eta* = ||grad||_*/L, so optim.lr is a cap")
