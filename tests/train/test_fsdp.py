@@ -192,6 +192,20 @@ def test_a_two_process_checkpoint_loads_on_one(two, corpus):
     assert losses(resumed) == pytest.approx(losses(two["llama"]), rel=1e-5)
 
 
+def test_swapped_shards_are_reported(two, tmp_path):
+    """Rank 0's and rank 1's shard files exchanged: same names, same metadata; engine.pt's SHA-256 tells."""
+    copy = shutil.copytree(two["llama-at-5"] / DIRECTORY, tmp_path / DIRECTORY)
+    first, second = copy / "__0_0.distcp", copy / "__1_0.distcp"
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b)
+    second.write_bytes(a)
+    with pytest.raises(CheckpointError, match=r"corrupted: its file __0_0\.distcp (has|does not match)"):
+        consolidate(copy)
+    first.write_bytes(a)
+    second.write_bytes(b)
+    assert same_tensors(consolidate(copy), consolidate(two["llama-at-5"] / DIRECTORY))
+
+
 def test_another_parallel_setting_is_refused(two, corpus, tmp_path):
     shutil.copytree(two["llama-at-5"], tmp_path / "run")
     with pytest.raises(CheckpointError, match=r"train\.parallel: 'fsdp' -> 'none'"):
