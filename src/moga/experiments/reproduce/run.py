@@ -44,9 +44,14 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
         run = lambda sw: run_sweep(sw, out, workers=workers, executor=executor,  # noqa: E731
                                    ray_address=ray_address, progress=progress, retry_failed=True)
         make = lambda include: _sweep(rep, scale, data, include)  # noqa: E731
-        if rep.kind == "transfer":
-            sweep, counts = run_until_decided(make, out, run, lambda sw: _records(rep, sw, out), rep.group_keys,
-                                              max_regret, min_seeds, max_seeds)
+        if rep.kind in ("transfer", "joint"):
+            # a joint sweep takes its seeds from the one-axis panels (a curve per width at each depth): every
+            # pair's argmin and neighbours, and the rates around each depth's reference optimum
+            keys = rep.sweep(scale, data).spec.all_scale_keys
+            group = rep.group_keys if rep.kind == "transfer" else [*rep.group_keys, keys[1]]
+            rows_of = (lambda sw: _records(rep, sw, out)) if rep.kind == "transfer" else \
+                (lambda sw: (_records(rep, sw, out)[0], keys[0]))
+            sweep, counts = run_until_decided(make, out, run, rows_of, group, max_regret, min_seeds, max_seeds)
         else:
             include = stored_include(out)
             sweep = make(include)

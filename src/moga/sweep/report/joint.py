@@ -7,19 +7,22 @@ The reference is the smallest pair (smallest first key, then smallest second key
 - regret at each pair of reusing the reference's best lr (relative; ``inf`` where it diverges; a lower
   bound where the pair's optimum is at the grid edge).
 
-The verdict follows the one-axis rule (:mod:`moga.sweep.report.verdict`): "transfers" needs every pair's
-optimum inside the grid, drift within ``max_drift_steps`` AND the worst regret within ``max_regret``;
-a regret above it (or a divergence) at any pair is "does not transfer", edges or not; otherwise "no verdict".
+With every pair's optimum inside the grid, the verdict is the one-axis seed-interval decision
+(:mod:`moga.sweep.report.decision`) over the pairs, the reference first: "transfers" when every pair's drift
+and regret intervals are within ``max_drift_steps`` and ``max_regret``, "does not transfer" when one is
+confidently beyond, "inconclusive" otherwise (one seed always is). With an optimum on the grid's edge, a
+divergence of the reused rate still says "does not transfer"; otherwise "no verdict".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from moga.sweep.report.curves import build_curve, make_grid
+from moga.sweep.report.decision import Decision, decide_transfer
 from moga.sweep.report.metrics import GROUP_KEYS, transfer_regrets
 from moga.sweep.report.schema import SweepRecord, format_lr, parse_records
 from moga.sweep.report.summary import json_safe
@@ -40,6 +43,7 @@ class JointSummary:
     drift_steps: int | None
     verdict: str
     verdict_line: str
+    decision: Decision | None = None  # seed intervals over the pairs (None: an edge, or one pair)
 
     @property
     def title(self) -> str:
@@ -56,6 +60,7 @@ class JointSummary:
             "best_lr": {key(p): v for p, v in self.best_lr.items()}, "status": {key(p): v for p, v in self.status.items()},
             "regret": {key(p): v for p, v in self.regret.items()}, "drift_steps": self.drift_steps,
             "worst_regret": self.worst_regret, "verdict": self.verdict, "line": self.verdict_line,
+            "decision": None if self.decision is None else asdict(self.decision),
         })
 
     @property
@@ -99,6 +104,9 @@ def analyze_joint(records: Iterable[SweepRecord | Mapping], scale_keys: Sequence
             lower_bound={p: r.lower_bound for p, r in regrets.items()}, reference_lr=curves[0].best_lr,
             drift_steps=(max(steps) - min(steps)) if len(steps) >= 2 and grid.regular else None,
             verdict="", verdict_line="")
+        if len(curves) >= 2 and all(c.trusted for c in curves):
+            s.decision = decide_transfer(curves, grid.step_log2 if grid.regular else None, max_drift_steps,
+                                         max_regret, label=lambda i, s=s: s.label(s.pairs[int(i) - 1]))
         s.verdict, s.verdict_line = decide_joint(s, len(curves), max_drift_steps, max_regret)
         out.append(s)
     return out
@@ -114,29 +122,13 @@ def decide_joint(s: JointSummary, n: int, max_drift_steps: int, max_regret: floa
     diverges = [s.label(p) for p in others if s.regret.get(p) is not None and math.isinf(s.regret[p])]
     costly = [p for p in others if s.regret.get(p) is not None and s.regret[p] > max_regret]
     edges = [s.label(p) for p in s.pairs if s.status[p] != "ok"]
-    worst = max(others, key=lambda p: -1 if s.regret.get(p) is None else s.regret[p])
-    regret_text = (f"worst regret {'>= ' if s.lower_bound.get(worst) else ''}{100 * s.regret[worst]:.1f}% "
-                   f"({s.label(worst)})" if s.regret.get(worst) is not None and math.isfinite(s.regret[worst]) else "")
     share = f"{len(s.pairs) - len(costly)} of {len(s.pairs)} pairs within {100 * max_regret:g}%"
+    if s.decision is not None:
+        return s.decision.verdict, f"{s.decision.verdict}: {s.decision.reason}; {share} (point estimate)"
     if diverges:
         return "does not transfer", (f"does not transfer: reusing {ref}'s best lr ({format_lr(s.reference_lr)}) "
                                      f"diverges at {', '.join(diverges)}; {share}")
-    if costly:
-        return "does not transfer", (f"does not transfer: reusing {ref}'s best lr ({format_lr(s.reference_lr)}) "
-                                     f"costs more than {100 * max_regret:g}% at {len(costly)} pair(s), {regret_text}; "
-                                     f"{share}")
-    if edges:
-        return "no verdict", f"no verdict: the optimum is at the lr grid's edge at {', '.join(edges)}"
-    if any(s.regret.get(p) is None for p in others):
-        missing = [s.label(p) for p in others if s.regret.get(p) is None]
-        return "no verdict", f"no verdict: the reused lr was not run at {', '.join(missing)}"
-    if s.drift_steps is None or s.drift_steps > max_drift_steps:
-        drift = "cannot be counted in grid steps" if s.drift_steps is None else f"is {s.drift_steps} grid steps"
-        return "does not transfer" if s.drift_steps is not None else "no verdict", (
-            f"{'does not transfer' if s.drift_steps is not None else 'no verdict'}: the optimum's drift over the "
-            f"{len(s.pairs)} pairs {drift} (at most {max_drift_steps}), {regret_text}")
-    return "transfers", (f"transfers: {ref}'s best lr ({format_lr(s.reference_lr)}) serves all {len(s.pairs)} pairs, "
-                         f"optima within {s.drift_steps} grid step{'s' if s.drift_steps != 1 else ''}, {regret_text}")
+    return "no verdict", f"no verdict: the optimum is at the lr grid's edge at {', '.join(edges)}"
 
 
 def plot_regret_map(summary: JointSummary, path: str | Path, max_regret: float = MAX_REGRET) -> Path:
