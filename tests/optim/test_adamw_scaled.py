@@ -60,3 +60,23 @@ def test_plan_puts_the_factor_on_matrices_only():
     assert by_role["readout"] == ("sign", "adam")
     assert by_role["embedding"] == ("embedding(q=inf)", "adam")
     assert by_role["vector"] == ("vector", "adam")
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_bfloat16_with_bfloat16_state_steps_in_torchs_fused_kernel(wd):
+    """bf16 parameters and moments (state_dtype=torch.bfloat16): torch's fused AdamW, one launch per sign
+    factor instead of about six per tensor, bit for bit torch.optim.AdamW(fused=True) under muP's rule."""
+    torch.manual_seed(0)
+    ours, ref = TinyLM().bfloat16(), TinyLM().bfloat16()
+    ref.load_state_dict(ours.state_dict())
+    opt = ScaledAdamW(ours, lr=0.05, weight_decay=wd, state_dtype=torch.bfloat16)
+    ref_opt = torch.optim.AdamW(mup_adam_groups(ref, 0.05, wd), betas=(0.9, 0.999), eps=1e-8, fused=True)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        tokens = torch.randint(0, 20, (4, 7), generator=gen)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+            o.step()
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+        assert torch.equal(a, b), name

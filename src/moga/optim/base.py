@@ -318,7 +318,7 @@ class GeometryOptimizer(Optimizer):
         count = 1.0 if ok is None else ok.to(torch.float32)  # a skipped step is not counted
         for step in steps:
             step.add_(count)
-        if _fused_adamw_applies(params, exp_avgs, exp_avg_sqs):
+        if _fused_adamw_applies(params, exp_avgs, exp_avg_sqs, self.master_weights):
             self._fused_adam_step(plan, group, params, exp_avgs, exp_avg_sqs, steps, ok)
             return
         # float32 math on float32 copies; the same expressions as torch.optim.AdamW with lr * c.
@@ -428,10 +428,7 @@ class GeometryOptimizer(Optimizer):
         if plain and self.kernel != "torch" and fused_ready(device) and all(g.dtype in KERNEL_DTYPES for g in shards):
             ok = all_finite(shards)  # one exact read-only pass in C++ (x * 0 is NaN only for NaN and inf)
         else:
-            # min and max of each tensor: NaN and inf show up there, and nothing overflows on the way
-            extremes = [torch.stack(torch.aminmax(local(g))).to(device=device, dtype=torch.float64)
-                        for g in grads if local(g).numel()]  # an uneven FSDP split can leave a rank no rows
-            ok = torch.cat(extremes).isfinite().all() if extremes else torch.ones((), dtype=torch.bool, device=device)
+            ok = _all_finite_foreach([g for g in shards if g.numel()], device)  # an uneven split can leave none
         # Shards of one tensor live on several ranks: AND the flag so every rank skips alike (on the device).
         ok = sharded.all_ranks(grads, ok)
         if self.nonfinite == "raise" and not bool(ok):  # the documented sync
@@ -670,6 +667,29 @@ def _same_memory_order(*lists: list[torch.Tensor]) -> bool:
     return True
 
 
+def _all_finite_foreach(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A 0-d bool on ``device``: no element is NaN or inf. torch's AMP check, one launch per device and dtype
+    (it multiplies by exactly 1, so values stay bit for bit); tensors it cannot take (another device type,
+    overlapping memory) by their min and max, where NaN and inf show up and nothing overflows."""
+    found = torch.zeros((), dtype=torch.float32, device=device)
+    batches: dict = {}
+    others = []
+    for t in tensors:
+        if t.device == device and device.type in ("cpu", "cuda") and _dense(t):
+            batches.setdefault(t.dtype, []).append(t)
+        else:
+            others.append(t)
+    if batches:
+        one = torch.ones((), dtype=torch.float32, device=device)
+        for batch in batches.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(batch, found, one)
+    ok = found == 0
+    if others:
+        extremes = torch.cat([torch.stack(torch.aminmax(t)).to(device=device, dtype=torch.float64) for t in others])
+        ok &= extremes.isfinite().all()
+    return ok
+
+
 def _fused_sgd_applies(bufs: list[torch.Tensor], grads: list[torch.Tensor]) -> bool:
     if not hasattr(torch, "_fused_sgd_"):
         return False
@@ -680,13 +700,15 @@ def _fused_sgd_applies(bufs: list[torch.Tensor], grads: list[torch.Tensor]) -> b
 
 
 def _fused_adamw_applies(params: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                         exp_avg_sqs: list[torch.Tensor]) -> bool:
-    """torch's fused AdamW kernel exists for these tensors: one CPU or CUDA device, one float32 or float64
-    dtype for parameters, gradients and moments (so no master copies either), one memory order."""
+                         exp_avg_sqs: list[torch.Tensor], master_weights: bool) -> bool:
+    """torch's fused AdamW kernel exists for these tensors: one CPU or CUDA device, one dtype for parameters,
+    gradients and moments, one memory order. bfloat16 too (``state_dtype=torch.bfloat16``): the kernel does
+    its math in float32, as the plain path does, but not with master copies, which it would bypass."""
     if not hasattr(torch, "_fused_adamw_"):
         return False
     device, dtype = params[0].device, params[0].dtype
-    return (device.type in ("cpu", "cuda") and dtype in (torch.float32, torch.float64)
+    allowed = (torch.float32, torch.float64) if master_weights else (torch.float32, torch.float64, torch.bfloat16)
+    return (device.type in ("cpu", "cuda") and dtype in allowed
             and all(p.device == device and p.dtype == dtype and p.grad.dtype == dtype for p in params)
-            and all(m.dtype == dtype for m in exp_avgs)
+            and all(m.dtype == dtype for m in (*exp_avgs, *exp_avg_sqs))
             and _same_memory_order([local(p) for p in params], [local(p.grad) for p in params], exp_avgs, exp_avg_sqs))
