@@ -2,7 +2,8 @@
 
 ``python -m torch.distributed.run --nproc-per-node 2 fsdp_worker.py JOBS.json``; each job is
 ``{"dir", "config", "stops": [steps to stop and checkpoint at], "snapshot": dir to copy the run to after
-the stops, or null}``. Every run ends finished.
+the stops, or null}``. Every run ends finished, but a ``"busy"`` job's: its directory is locked by the
+test process (that PID), so every rank must refuse it; each writes the message to ``refused-RANK.txt``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import json
 import shutil
 import sys
 
+from pathlib import Path
+
 import torch.distributed as dist
 
+from moga.filelock import DirectoryBusy
 from moga.train import run
 
 
@@ -20,6 +24,14 @@ def main(jobs_path: str) -> None:
     dist.init_process_group("gloo")  # run() joins this group instead of making its own
     try:
         for job in json.loads(open(jobs_path).read()):
+            if job.get("busy"):
+                try:
+                    run(job["config"], job["dir"], quiet=True)
+                except DirectoryBusy as e:
+                    assert e.holder == job["busy"], (e.holder, job["busy"])
+                    (Path(job["dir"]) / f"refused-{dist.get_rank()}.txt").write_text(str(e))
+                    continue
+                raise AssertionError(f"rank {dist.get_rank()} trained in a run directory another process holds")
             for stop in job.get("stops", []):
                 assert run(job["config"], job["dir"], stop_at=stop, quiet=True)["status"] == "stopped"
             if job.get("snapshot"):

@@ -22,8 +22,10 @@ import pytest
 import torch
 
 from moga.train import CheckpointError, ConfigError, build_config, read_metrics, run
+from moga.filelock import writer_lock
 from moga.train import distributed
 from moga.train.build import build_model
+from moga.train.engine import LOCK
 from moga.train.sharded_checkpoint import DIRECTORY, consolidate, find_sharded, load_sharded
 from moga.train.tasks import build_task
 
@@ -81,13 +83,15 @@ def two(corpus):
          "stops": [5]},
         {"dir": out / "resnet", "config": merge(cfg["resnet"], FSDP)},
         {"dir": out / "mlp", "config": merge(cfg["mlp"], FSDP)},
+        {"dir": out / "busy", "config": merge(cfg["mlp"], FSDP), "busy": os.getpid()},  # this process holds it
     ]
     path = corpus / "jobs.json"
     path.write_text(json.dumps(jobs, default=str))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(Path(__file__).with_name("fsdp_worker.py")), str(path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    with writer_lock(out / "busy" / LOCK):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return {Path(j["dir"]).name: Path(j["dir"]) for j in jobs} | {"llama-at-5": out / "llama-at-5"}
 
@@ -190,6 +194,13 @@ def test_a_two_process_checkpoint_loads_on_one(two, corpus):
     shutil.copytree(snapshot, resumed)
     assert run(cfg, resumed, quiet=True)["world_size"] == 1
     assert losses(resumed) == pytest.approx(losses(two["llama"]), rel=1e-5)
+
+
+def test_a_busy_run_directory_is_refused_on_every_rank(two):
+    """Rank 0 finds the lock held (by this test process) and every rank raises, naming the holder."""
+    for rank in (0, 1):
+        assert f"(PID {os.getpid()})" in (two["busy"] / f"refused-{rank}.txt").read_text()
+    assert not (two["busy"] / "metrics.jsonl").exists() and not (two["busy"] / DIRECTORY).exists()
 
 
 def test_swapped_shards_are_reported(two, tmp_path):
