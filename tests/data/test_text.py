@@ -64,6 +64,9 @@ def test_bad_text_inputs(tmp_path, monkeypatch):
         prepare_text(tmp_path / "out", latin1, tokenizer="sentencepiece")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_text_corpus(tmp_path / "missing.txt")
+    (tmp_path / "short.txt").write_text("a")  # train would be empty: blamed on a train.bin in the cache
+    with pytest.raises(ValueError, match="short.txt holds 1 characters: too few to split"):
+        prepare_text(tmp_path / "out", tmp_path / "short.txt")
 
 
 def test_corpus_resolution_order(sample_file, tmp_path, monkeypatch):
@@ -151,5 +154,8 @@ def test_nanogpt_meta_pickle(token_dir):
     assert data.tokenizer.decode(data.tokens("train")[:30]) == SAMPLE[:30]
     with open(token_dir / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": print}, f)
-    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+    with pytest.raises(ValueError, match="meta.pkl: refused, not a plain metadata pickle .refusing to load"):
+        TokenDataset(token_dir)
+    (token_dir / "meta.pkl").write_bytes(b"")  # truncated
+    with pytest.raises(ValueError, match="meta.pkl: refused"):
         TokenDataset(token_dir)

@@ -181,3 +181,21 @@ def test_bad_hyperparameters():
         AdaptiveGD(p, alpha=-1.0)
     with pytest.raises(ValueError):
         AdaptiveGD(p, alpha=1.0, layers=0)
+
+
+def test_zero_initial_weights_are_refused_with_the_reason():
+    """eta_t is proportional to ||W_0||^(2L-2): zero weights at L >= 2 would never move (it was a bare
+    'math domain error'). At L = 1 the power is 0 and gradient descent from zero is fine."""
+    assert log_adaptive_step(1.0, 3, 0.0, 1.0, 0.5) == -math.inf  # the formula itself: a zero step
+    model = torch.nn.Linear(4, 2)
+    torch.nn.init.zeros_(model.weight), torch.nn.init.zeros_(model.bias)
+    loss = model(torch.ones(3, 4)).sub(1).square().mean()
+    loss.backward()
+    with pytest.raises(ValueError, match=r"\|\|W_0\|\| = 0 and L = 2: every step would be zero"):
+        AdaptiveGD(model.parameters(), layers=2).step(loss=loss)
+    assert model.weight.abs().sum() == 0  # nothing was touched
+    with pytest.raises(ValueError, match="every step would be zero"):
+        AdaptiveGD(model.parameters(), layers=3, w0_norm=0.0)
+    opt = AdaptiveGD(model.parameters(), layers=1)
+    opt.step(loss=loss)
+    assert opt.last["eta"] > 0 and model.weight.abs().sum() > 0

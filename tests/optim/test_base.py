@@ -235,3 +235,32 @@ def test_skipped_steps_survive_a_resume(tiny):
     fresh = MOGA(tiny, overrides=TINY_OVERRIDES)
     fresh.load_state_dict(torch.load(buf, weights_only=True))
     assert fresh.skipped_steps == 1
+
+
+def test_weight_decay_past_one_over_lr_warns_at_construction():
+    """W <- (1 - lr*wd) W: at lr*wd = 3 the weights are multiplied by -2 each step and reach inf."""
+    from moga.optim.registry import OPTIMIZERS
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+
+    for build in (lambda m: MOGA(m, lr=1.0, weight_decay=3.0), lambda m: Muon(m, lr=1.0, weight_decay=3.0),
+                  lambda m: ScaledAdamW(m, lr=1.0, weight_decay=3.0),
+                  lambda m: OPTIMIZERS["adamw"].build(m, lr=1.0, weight_decay=3.0),
+                  lambda m: OPTIMIZERS["sgd"].build(m, lr=1.0, weight_decay=3.0)):
+        with pytest.warns(UserWarning, match=r"lr x weight_decay = 3 > 1: .* \(1 - lr\*wd\) = -2, .* to inf"):
+            build(model())
+    with pytest.warns(UserWarning, match=r"= 1.5 > 1: .* flipping their sign\. "):
+        MOGA(model(), lr=0.5, weight_decay=3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MOGA(model(), lr=0.5, weight_decay=1.9)
+        OPTIMIZERS["adamw"].build(model(), lr=1e-3, weight_decay=0.1)
+    m = model()  # what the warning is about: 20 steps of torch's AdamW at lr*wd = 3
+    with pytest.warns(UserWarning):
+        opt = OPTIMIZERS["adamw"].build(m, lr=1.0, weight_decay=3.0)
+    for _ in range(20):
+        opt.zero_grad()
+        m(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    assert m[0].weight.abs().max() > 1e5

@@ -55,6 +55,9 @@ def test_overrides_apply_to_every_cell():
         ({"axes": {}}, "at least one axis"),
         ({"axes": {"optim.lr": [0.1], "model.depth": [2]}, "colour": "red"}, "unknown sweep key 'colour'"),
         ({"axes": {"optim.lr": {"pow2": [-1, -3]}, "model.depth": [2]}}, "lo <= hi"),
+        ({"axes": {"optim.lr": {"pow2": [1020, 1030]}, "model.depth": [2]}},  # 2.0**1024 overflowed, raw
+         r"pow2 exponents must lie in \[-1074, 1023\]"),
+        ({"axes": {"optim.lr": {"pow2": [-1, True]}, "model.depth": [2]}}, "pow2 needs integers"),
         ({"axes": {"optim.name": ["moga"], "model.depth": [2],
                    "optim.lr": {"by": "optim.name", "values": {"adamw": [0.1]}}}}, "missing"),
         ({"axes": {"optim.lr": [0.1], "model.depth": [2]}, "exclude": [{"optim.lr": 0.1}]}, "every cell is excluded"),
@@ -98,3 +101,17 @@ def test_a_role_lr_multiplier_is_a_sweep_axis():
                                                                     {"vector": 3.0, "readout": 2.0}]
     with pytest.raises(SweepError, match="optim.lr_multipliers.head"):
         sweep(axes={"optim.lr": [0.1], "model.depth": [2], "optim.lr_multipliers.head": [0.5]})
+
+
+def test_a_grid_too_large_to_run_is_refused_with_its_size_at_once():
+    """A 10^6-cell grid spent minutes checking cells before saying anything; now a grid over MAX_CELLS is
+    refused with its size before any cell is checked (kept just over the limit, so main fails in seconds)."""
+    from moga.sweep.spec import MAX_CELLS
+
+    axes = {"optim.lr": {"pow2": [-50, 50]}, "model.depth": list(range(1, 101))}
+    with pytest.raises(SweepError, match=rf"more than {MAX_CELLS} cells: 101 optim.lr x 100 model.depth makes 10100"):
+        sweep(axes=axes)
+    dependent = {"optim.name": ["moga", "adamw"], "model.depth": list(range(1, 201)),
+                 "optim.lr": {"by": "optim.name", "values": {"moga": {"pow2": [-40, 9]}, "adamw": [0.1]}}}
+    with pytest.raises(SweepError, match="makes up to 20000 with the dependent axes"):
+        sweep(axes=dependent)

@@ -73,10 +73,13 @@ def prepare_text(out_dir: str | Path, text_path: str | Path | None = None, token
         raise ValueError(f"{source} is not UTF-8 text ({e})") from e
     if not text:
         raise ValueError(f"{source} is empty: a text data set needs a text to split into train and val")
+    cut = int(len(text) * (1 - val_fraction))
+    if cut in (0, len(text)):  # one split would be empty, and be blamed on a token file in the cache
+        raise ValueError(f"{source} holds {len(text)} characters: too few to split into train and val "
+                         "(a text corpus needs more characters than the context length)")
     tok = get_tokenizer(kind, text)
     if tok.vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
         raise ValueError(f"vocabulary of {tok.vocab_size} does not fit the uint16 token files")
-    cut = int(len(text) * (1 - val_fraction))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {**tok.meta(), "source": str(source)}
@@ -104,7 +107,14 @@ def read_meta(data_dir: str | Path) -> dict | None:
         return json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
     if (data_dir / "meta.pkl").is_file():
         with open(data_dir / "meta.pkl", "rb") as f:
-            return _NoGlobalsUnpickler(f).load()
+            try:
+                meta = _NoGlobalsUnpickler(f).load()
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
+                raise ValueError(f"{data_dir / 'meta.pkl'}: refused, not a plain metadata pickle ({e}); nothing "
+                                 "in it was run. Delete it, or write the metadata as meta.json") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{data_dir / 'meta.pkl'}: a metadata pickle holds a dict, got {type(meta).__name__}")
+        return meta
     return None
 
 

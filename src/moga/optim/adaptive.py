@@ -49,6 +49,8 @@ def log_adaptive_step(alpha: float, layers: int, w0_norm: float, w_norm: float, 
     if alpha == 0:
         return -math.inf
     power = 2 * layers - 2
+    if power and w0_norm == 0:  # ||W_0||^(2L-2) = 0: the step is zero
+        return -math.inf
     log_w0 = power * math.log(w0_norm) if power else 0.0  # ||W_0||^0 = 1, even for W_0 = 0
     log_w = math.log(w_norm) if w_norm > 0 else -math.inf
     return math.log(alpha) + log_w0 - math.log1p(math.sqrt(loss)) - log_geometric_sum(log_w, 2 * layers - 1)
@@ -79,6 +81,15 @@ def _norm64(t: torch.Tensor) -> float:
     return n
 
 
+def _check_w0(w0_norm: float, layers: int) -> None:
+    """eta_t is proportional to ||W_0||^(2L-2): zero weights at the start would never move, silently."""
+    if layers >= 2 and w0_norm == 0:
+        raise ValueError(f"AdaptiveGD with ||W_0|| = 0 and L = {layers}: every step would be zero (eta_t is "
+                         "proportional to ||W_0||^(2L-2)); initialise the weights away from zero, or pass w0_norm")
+    if not math.isfinite(w0_norm) or w0_norm < 0:
+        raise ValueError(f"AdaptiveGD needs a finite ||W_0|| >= 0, got {w0_norm}")
+
+
 class AdaptiveGD(Optimizer):
     """Gradient descent with the convergence paper's adaptive step ``W <- W - eta_t * grad``.
 
@@ -106,6 +117,8 @@ class AdaptiveGD(Optimizer):
         super().__init__(params, dict(lr=alpha))
         self.layers = int(layers)
         self.w0_norm = None if w0_norm is None else float(w0_norm)
+        if self.w0_norm is not None:
+            _check_w0(self.w0_norm, self.layers)
         self.last: dict[str, float] = {}
         self.nonfinite = nonfinite
         self.skipped_steps = 0
@@ -126,6 +139,7 @@ class AdaptiveGD(Optimizer):
         w_norm = global_norm(self.parameters())
         if self.w0_norm is None:
             self.w0_norm = w_norm
+        _check_w0(self.w0_norm, self.layers)
         ratio = adaptive_step(1.0, self.layers, self.w0_norm, w_norm, value)  # eta_t / alpha
         for group in self.param_groups:
             eta = group["lr"] * ratio

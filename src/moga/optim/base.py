@@ -44,6 +44,17 @@ def _real(name: str, v):
     return float(v)
 
 
+def warn_if_decay_diverges(param_groups, stacklevel: int = 3) -> None:
+    """Decoupled decay multiplies W by (1 - lr*wd) each step: past lr*wd = 1 that flips every weight's sign,
+    past 2 it grows them without bound (inf within tens of steps). A likely unit mix-up; warn, once."""
+    worst = max((g["lr"] * g["weight_decay"] for g in param_groups
+                 if isinstance(g.get("lr"), (int, float)) and g.get("weight_decay")), default=0.0)
+    if worst > 1:
+        warnings.warn(f"lr x weight_decay = {worst:.3g} > 1: each step multiplies the weights by (1 - lr*wd) = "
+                      f"{1 - worst:.3g}, flipping their sign{' and growing them to inf' if worst > 2 else ''}. "
+                      "Weight decay here is decoupled (scaled by lr): use weight_decay below 1/lr", stacklevel=stacklevel)
+
+
 def check_hyperparameters(h: dict) -> None:
     """Clear errors for values no run should start with; numbers are stored as Python floats."""
     h["lr"] = _real("lr", h["lr"])
@@ -155,6 +166,7 @@ class GeometryOptimizer(Optimizer):
         self._workspace = Workspace()  # scratch for temporaries; not state, never saved
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
+        warn_if_decay_diverges(self.param_groups)
         # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
         for device in {p.device for plan, group in zip(self._plans, self.param_groups)  # a DTensor's: its shard's
                        if group["update"] == "lmo" and covers(plan.geometry) for p in group["params"]}:

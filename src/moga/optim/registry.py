@@ -15,6 +15,7 @@ from torch import nn
 
 from moga.optim.adamw_scaled import ScaledAdamW
 from moga.optim.adaptive import AdaptiveGD
+from moga.optim.base import warn_if_decay_diverges
 from moga.optim.moga import MOGA
 from moga.optim.muon import Muon
 
@@ -46,7 +47,9 @@ def _geometry(cls):
 
 def _torch(cls):
     def build(model, weight_decay=0.0, **kw):
-        return cls(decay_groups(model, weight_decay), **kw)
+        optimizer = cls(decay_groups(model, weight_decay), **kw)
+        warn_if_decay_diverges(optimizer.param_groups)  # torch's own optimizers do not
+        return optimizer
     return build
 
 

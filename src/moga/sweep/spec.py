@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -105,14 +106,27 @@ class SweepSpec(BaseModel):
         return list(self.scale_keys or [self.scale_key])
 
 
+# Each cell is a training run, and each is checked against the config schema before any runs (about a
+# millisecond each): a grid larger than this is a mistake, refused with its size instead of checked for minutes.
+MAX_CELLS = 10_000
+POW2_MIN, POW2_MAX = -1074, 1023
+
+
 def expand_values(values: Any, where: str) -> list:
     """A list of values, or ``{pow2: [lo, hi]}`` for 2^lo ... 2^hi (integer exponents)."""
     if isinstance(values, Mapping):
         if set(values) != {"pow2"} or not isinstance(values["pow2"], list) or len(values["pow2"]) != 2:
             raise SweepError(f"axis {where}: a range is written {{pow2: [lo, hi]}}, got {dict(values)!r}")
         lo, hi = values["pow2"]
-        if not (isinstance(lo, int) and isinstance(hi, int)) or lo > hi:
+        if not (isinstance(lo, int) and isinstance(hi, int)) or isinstance(lo, bool) or isinstance(hi, bool) \
+                or lo > hi:
             raise SweepError(f"axis {where}: pow2 needs integers lo <= hi, got {values['pow2']!r}")
+        if lo < POW2_MIN or hi > POW2_MAX:  # 2.0**1024 overflows a float
+            raise SweepError(f"axis {where}: pow2 exponents must lie in [{POW2_MIN}, {POW2_MAX}] (finite floats), "
+                             f"got {values['pow2']!r}")
+        if hi - lo >= MAX_CELLS:
+            raise SweepError(f"axis {where}: pow2 {values['pow2']!r} makes {hi - lo + 1} values; a sweep has at "
+                             f"most {MAX_CELLS} cells")
         return [2.0**k for k in range(lo, hi + 1)]
     if not isinstance(values, list):
         raise SweepError(f"axis {where}: values must be a list, got {type(values).__name__}")
@@ -208,6 +222,8 @@ class Sweep:
                                  f"({sorted(by_values)}); missing {sorted(missing)}, unknown {sorted(extra)}")
             dependent[key] = (dep.by, {k: expand_values(v, f"{key}[{k}]") for k, v in dep.values.items()})
 
+        size = math.prod(len(v) for v in plain.values()) * math.prod(
+            max(len(v) for v in values.values()) for _, values in dependent.values())
         cells = []
         keys = list(plain)
         for combo in itertools.product(*(plain[k] for k in keys)):
@@ -218,6 +234,11 @@ class Sweep:
                 cell = {**base_cell, **dict(zip(dep_keys, dep_combo))}
                 if not any(_matches(cell, ex) for ex in self.spec.exclude):
                     cells.append({k: cell[k] for k in axes})  # axis order as written
+                    if len(cells) > MAX_CELLS:
+                        shape = " x ".join(f"{len(v)} {k}" for k, v in plain.items())
+                        made = f"up to {size} with the dependent axes" if dependent else f"{size}"
+                        raise SweepError(f"the grid has more than {MAX_CELLS} cells: {shape} makes {made}. Each "
+                                         "cell is a training run: split the sweep, or give the axes fewer values")
         for ex in self.spec.exclude:
             unknown = set(ex) - set(axes)
             if unknown:

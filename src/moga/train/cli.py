@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import typer
@@ -61,6 +62,17 @@ def refuse_imports() -> None:
     os.environ["MOGA_NO_IMPORT"] = "1"
 
 
+def out_of_memory(error: BaseException) -> str | None:
+    """One line for an allocation that failed (torch's CPU allocator raises a RuntimeError), else None."""
+    text = str(error)
+    if not (isinstance(error, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()):
+        return None
+    size = re.search(r"allocate (\d+) bytes", text)
+    need = f" (one tensor of {int(size[1]) / 2**30:.3g} GiB)" if size else ""
+    return (f"out of memory{need}: make the model or the batch smaller (model.width, model.depth, "
+            "train.batch_size), or use a machine with more memory")
+
+
 def _default_run_dir(cfg) -> Path:
     return Path("runs") / (cfg.name or f"{cfg.model.name}-{cfg.optim.name}-{cfg.hash()[:8]}")
 
@@ -111,6 +123,11 @@ def train(
         raise typer.Exit(2) from None
     except OSError as e:  # a full disk, a read-only directory: which file, and why
         typer.echo(f"error: could not write {e.filename or directory}: {e.strerror or e}", err=True)
+        raise typer.Exit(1) from None
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        typer.echo(f"error: {out_of_memory(e)}", err=True)
         raise typer.Exit(1) from None
     shown = {k: result.get(k) for k in ("status", "steps", "final_train_loss", "val_loss", "val_acc", "wall_time_s")
              if k in result}

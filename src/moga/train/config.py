@@ -71,6 +71,8 @@ class _Section(BaseModel):
 
 # --- sections ------------------------------------------------------------------------------------
 
+SEED_MAX = 2**32 - 1  # numpy's range; streams derived from a seed (seed * 16 + k) stay within torch's 64 bits
+
 IMAGE_DATA = ("digits", "fashion-mnist", "cifar10", "cifar100")
 DATA_NAMES = (*IMAGE_DATA, "text", "synthetic")
 _DATA_KEYS = {  # keys that only mean something for one kind of data
@@ -102,12 +104,13 @@ class ModelConfig(BaseModel):
 
 class DataConfig(_Section):
     name: str = Field("digits", description="digits, fashion-mnist, cifar10, cifar100, text or synthetic")
-    seed: int | None = Field(None, ge=0, description="seed of batch order and augmentation (default: the run seed)")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="seed of batch order and augmentation "
+                             "(default: the run seed)")
     # image datasets
     root: str | None = Field(None, description="images: directory (or tar) of the dataset files")
     val_size: int | float | None = Field(None, ge=0, description="images: validation count or fraction "
                                          "split off train (default: the loader's)")
-    split_seed: int | None = Field(None, ge=0, description="images: seed of the train/val split; "
+    split_seed: int | None = Field(None, ge=0, le=SEED_MAX, description="images: seed of the train/val split; "
                                       "synthetic: seed of the data itself")
     normalize: str | None = Field(None, description="images: train, standard or none")
     augment: bool | None = Field(None, description="images: random crop and flip (default: the loader's)")
@@ -325,7 +328,7 @@ class LoggingConfig(_Section):
 class RunConfig(_Section):
     """One training run. Sections: model, data, optim, schedule, train, eval, checkpoint, logging."""
 
-    seed: int = Field(0, ge=0, description="seeds model init, batch order and dropout")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seeds model init, batch order and dropout")
     name: str | None = Field(None, description="a label for the run (not part of the config hash)")
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)

@@ -44,11 +44,16 @@ class Dist:
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("train.device=cuda but CUDA is not available")
-        return torch.device("cuda", local_rank)
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"train.device={name!r} is not a device: use auto, cpu, cuda or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name} but this torch ({torch.__version__}) sees no CUDA device: "
+                         "use train.device=auto or cpu")
+    if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError("train.device=mps but MPS is not available here: use train.device=auto or cpu")
+    return torch.device("cuda", local_rank) if name == "cuda" else device
 
 
 def group_backend(device: torch.device) -> str:

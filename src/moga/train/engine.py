@@ -179,6 +179,12 @@ class Trainer:
             model = self.ddp = DistributedDataParallel(model, device_ids=ids)
         if self.cfg.train.compile:
             backend = "inductor" if self.cfg.train.compile is True else self.cfg.train.compile
+            import torch._dynamo
+
+            known = torch._dynamo.list_backends(exclude_tags=())
+            if backend not in known:  # torch would only say so at the first forward, in a long traceback
+                raise ValueError(f"train.compile={backend!r} is not a torch.compile backend; use true (inductor) "
+                                 f"or one of {', '.join(known)}")
             model = torch.compile(model, backend=backend)
         return model
 
