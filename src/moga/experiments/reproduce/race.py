@@ -173,14 +173,4 @@ def judge_race(rep, sweep, out: Path, params_per_model: int | None) -> dict:
         first, last = results[budgets[0]], results[budgets[-1]]
         trend = "closes" if last["tokens_ratio"] < first["tokens_ratio"] else "widens"
         key += f" (the token gap {trend} with budget)"
-    return {"outcome": outcome, "key": key, "details": lines, "race": _json_ready(results)}
-
-
-def _json_ready(value):
-    if isinstance(value, dict):
-        return {str(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+    return {"outcome": outcome, "key": key, "details": lines, "race": results}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from moga.experiments.reproduce import quality
 from moga.experiments.reproduce.catalog import Reproduction, ReproduceError, cell_cost
+from moga.sweep.report.summary import json_safe
 from moga.sweep.report.verdict import MAX_REGRET
 
 OUTCOMES = ("held", "failed", "inconclusive", "undecided")
@@ -68,7 +69,7 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
                    command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
                                                                       " --scale paper" if scale == "paper" else ""),
                    seconds=round(earlier + time.time() - started, 1), max_regret=max_regret)
-    (out / "outcome.json").write_text(json.dumps(_finite(outcome), indent=1) + "\n")
+    (out / "outcome.json").write_text(json.dumps(json_safe(outcome), indent=1) + "\n")
     return outcome
 
 
@@ -286,7 +287,7 @@ def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     cell = next(c for c in sweep.cells if c.get("optim.name") == rep.raw.get("contenders", ["moga"])[0])
     result = judge_race(rep, sweep, out, cell_cost(sweep.config(cell))["params"])
     (out / "report").mkdir(parents=True, exist_ok=True)
-    (out / "report" / "race.json").write_text(json.dumps(_finite(result["race"]), indent=1) + "\n")
+    (out / "report" / "race.json").write_text(json.dumps(json_safe(result["race"]), indent=1) + "\n")
     return {**result, "report": str(out / "report" / "race.json")}
 
 
@@ -318,13 +319,3 @@ def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, pro
                         for c in checks],
             "report": result["files"]["summary"], "data": ",".join(result["settings"]["data"]),
             "runs": {"missing data": result["missing"]} if result["missing"] else {}}
-
-
-def _finite(value):
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
