@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,3 +139,23 @@ def test_race_ratios_and_their_intervals_on_known_curves():
     assert r["tokens_interval"][1] < 1 and budget_state(r) == "held"
     swapped = race_budget(rival, subject)
     assert swapped["tokens_interval"][0] > 1 and budget_state(swapped) == "failed"
+
+
+def test_the_stored_cpu_outcomes_recheck_from_their_own_cells():
+    """docs/reproduce/cpu: every outcome that stores its cells gives the same verdicts when recomputed."""
+    stored = sorted((Path(__file__).parents[3] / "docs" / "reproduce" / "cpu").glob("*.json"))
+    checked = 0
+    for path in stored:
+        outcome = json.loads(path.read_text())
+        if "cells" not in outcome:
+            continue  # stored before verdicts had intervals: the README table marks it
+        assert [(v["panel"], v["verdict"], v["line"]) for v in recheck(outcome)] == \
+            [(p["panel"], p["verdict"], p["line"]) for p in outcome["panels"]], path.name
+        seeds = {}
+        for c in outcome["cells"]:
+            seeds.setdefault((tuple(str(c[k]) for k in outcome["analysis"]["group_keys"]), c["scale"], c["lr"]),
+                             set()).add(c["seed"])
+        assert max(len(s) for s in seeds.values()) >= 3, path.name
+        checked += 1
+    if not checked:
+        pytest.skip("no stored CPU outcome keeps its cells yet")
