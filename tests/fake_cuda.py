@@ -43,6 +43,7 @@ class StepTrace(TorchDispatchMode):
         self.host_to_device: list[str] = []
         self.mixed: list[str] = []
         self.syncs: list[str] = []
+        self.cpu_reads: list[str] = []  # host reads of CPU tensors: no device waits for them
         self.collectives: list[tuple[str, set[str]]] = []  # (c10d op, devices of the tensors passed to it)
 
     @property
@@ -56,6 +57,9 @@ class StepTrace(TorchDispatchMode):
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         devices = {t.device.type for t in inputs}
         if func is aten._local_scalar_dense.default:
+            if args[0].device.type == "cpu":  # no device waits for it (a CPU-offloaded step); FakeKernels answers
+                self.cpu_reads.append(f"{name} at {_where()}")
+                return func(*args, **kwargs)
             self.syncs.append(f"{name} at {_where()}")
             raise HostSync(f"host sync: {name} at {_where()}")
         if func.namespace == "c10d":
@@ -81,10 +85,16 @@ COPIES = {aten._to_copy.default, aten.copy_.default, aten.copy.default, aten._fo
 
 
 class FakeKernels(TorchDispatchMode):
-    """Runs nothing for the in-place ops of NO_FAKE_KERNEL: shapes and devices stay those of the inputs."""
+    """Runs nothing for the in-place ops of NO_FAKE_KERNEL (shapes and devices stay those of the inputs), and
+    answers 0 to a host read of a CPU tensor (a fake one has no value; 0 takes the common branch: no row out
+    of range, nothing to redo)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return None if func in NO_FAKE_KERNEL else func(*args, **(kwargs or {}))
+        if func in NO_FAKE_KERNEL:
+            return None
+        if func is aten._local_scalar_dense.default and args[0].device.type == "cpu":
+            return False if args[0].dtype == torch.bool else 0
+        return func(*args, **(kwargs or {}))
 
 
 class CudaMethods(TorchFunctionMode):
