@@ -1,5 +1,7 @@
 """moga in Hugging Face's Trainer and in an Accelerate loop: train, save, resume, and get the same losses."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -33,6 +35,48 @@ def test_create_optimizer_reads_training_arguments(tmp_path):
     assert create_optimizer(model, args, name="adamw_scaled").param_groups[0]["update"] == "adam"
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
         create_optimizer(model, args, name="sgd")
+
+
+def test_create_optimizer_warns_on_transformers_default_lr(tmp_path):
+    model = tiny_gpt2(65)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    with pytest.warns(UserWarning, match=r"^learning_rate is TrainingArguments' default 5e-05, an AdamW rate; "
+                                         r"moga's unit steps want about 0.03125 \(its default\)"):
+        opt = create_optimizer(model, args)
+    assert opt.param_groups[0]["lr"] == 5e-5  # used as given, only flagged
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        create_optimizer(model, args, lr=2**-5)  # an explicit lr, or a set learning_rate, is not flagged
+        create_optimizer(model, training_args(tmp_path), name="muon")
+
+
+def test_vectors_are_not_decayed_whichever_way_the_optimizer_is_built(tmp_path):
+    model = tiny_gpt2(65)
+    built = [MOGA(model, weight_decay=0.1), create_optimizer(model, training_args(tmp_path))]
+    for opt in built:
+        decay = {g["role"]: g["weight_decay"] for g in opt.param_groups}
+        assert decay["vector"] == 0.0 and decay["hidden"] == decay["tied"] == 0.1
+
+
+def test_trainer_builds_moga_from_optimizer_cls_and_kwargs(corpus, tmp_path):
+    data = CharBlocks(corpus, 8 * BATCH)
+    model = tiny_gpt2(data.vocab_size)
+    losses = record_losses(model)
+    args = training_args(tmp_path)
+    args.max_steps, args.save_strategy = 8, "no"
+    # Trainer hands the optimizer class the model itself when the kwargs name it (as for LOMO).
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
+                                   optimizer_cls_and_kwargs=(MOGA, {"model": model, "lr": LR, "weight_decay": 0.1}))
+    trainer.train()
+    opt = trainer.optimizer.optimizer
+    assert isinstance(opt, MOGA) and opt.plan["lm_head.weight"].role == "tied" and opt.skipped_steps == 0
+    assert len(losses) == 8 and sum(losses[-2:]) < sum(losses[:2])
+    # Without the model, the class says in one line what to pass.
+    bare = transformers.Trainer(model=model, args=args, train_dataset=data,
+                                optimizer_cls_and_kwargs=(MOGA, {"lr": LR}))
+    with pytest.raises(ValueError, match=r"^MOGA gives each parameter .*optimizer_cls_and_kwargs=\(MOGA, "
+                                         r"\{'model': model, \.\.\.\}\)[^\n]*$"):
+        bare.create_optimizer()
 
 
 def test_trainer_resumes_with_the_same_losses(corpus, tmp_path):

@@ -41,11 +41,16 @@ def test_lightning_trains_and_resumes_with_the_same_losses(corpus, tmp_path):
                                                           every_n_epochs=1)
         trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, callbacks=[checkpoints],
                             enable_progress_bar=False, enable_model_summary=False, deterministic=True)
-        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=BATCH), ckpt_path=ckpt_path)
+        # Shuffled by a sampler whose order depends on the epoch alone (Lightning calls set_epoch), so the
+        # resumed run draws the same order; a plain shuffle=True draws from the global RNG, which Lightning's
+        # checkpoint does not restore.
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
+        loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
+        trainer.fit(module, loader, ckpt_path=ckpt_path)
         return module.losses, trainer
 
     full, trainer = fit(seed=0)
     assert len(full) == 2 * EPOCH and sum(full[-3:]) < sum(full[:3])
     assert isinstance(trainer.optimizers[0], MOGA) and trainer.optimizers[0].plan["model.lm_head.weight"].role == "tied"
     resumed, _ = fit(seed=1, ckpt_path=tmp_path / "0" / f"epoch=0-step={EPOCH}.ckpt")  # other initial weights
-    assert resumed == full[EPOCH:]  # bitwise: weights, MOGA's momentum and the schedule come back
+    assert resumed == full[EPOCH:]  # bitwise: weights, MOGA's momentum, the schedule and the data order

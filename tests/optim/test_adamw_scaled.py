@@ -24,14 +24,16 @@ class TinyLM(nn.Module):
 
 def mup_adam_groups(model, lr, wd):
     """muP's Adam rule (Tensor Programs V, Table 3), written out directly: hidden and output weights
-    take lr/fan_in; embeddings, biases and gains take lr. Decay is rescaled so lr*wd is the same."""
+    take lr/fan_in; embeddings, biases and gains take lr. Decay is rescaled so lr*wd is the same, and
+    skips biases and gains."""
     groups = []
     for name, p in model.named_parameters():
         if p.ndim == 2 and not name.startswith("embed"):
             scale = 1 / p.shape[1]
         else:
             scale = 1.0
-        groups.append({"params": [p], "lr": lr * scale, "weight_decay": wd / scale})
+        decay = 0.0 if p.ndim < 2 else wd / scale  # biases and gains are not decayed
+        groups.append({"params": [p], "lr": lr * scale, "weight_decay": decay})
     return groups
 
 

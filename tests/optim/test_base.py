@@ -111,8 +111,14 @@ def test_weight_decay_is_decoupled(tiny):
         geometry = parse_geometry(group["geometry"])
         for p in group["params"]:
             layout = group["layout"] if geometry.matrix else None
-            expected = (1 - 0.1 * 0.5) * before[id(p)] + 0.1 * geometry.lmo(grads[id(p)], layout)
+            decay = 0.0 if group["role"] == "vector" else 0.5  # vectors are not decayed (one rule everywhere)
+            assert group["weight_decay"] == decay
+            expected = (1 - 0.1 * decay) * before[id(p)] + 0.1 * geometry.lmo(grads[id(p)], layout)
             torch.testing.assert_close(p.detach(), expected)
+    # Raw param groups keep the weight decay they are given, vectors included.
+    bias = tiny.hidden.bias
+    opt = MOGA([{"params": [bias], "geometry": "vector"}], lr=0.1, weight_decay=0.5)
+    assert opt.param_groups[0]["weight_decay"] == 0.5
 
 
 def test_momentum_is_an_ema_and_nesterov_looks_ahead():
@@ -179,7 +185,10 @@ def test_schedulers_drive_the_step_size(tiny):
         (lambda m: MOGA(m, kernel="fast"), "kernel must be one of"),
         (lambda m: MOGA(m, geometries={"hiden": "row(p=2)"}), "unknown role"),
         (lambda m: MOGA(m, geometries={"hidden": "spectral(scale=wide)"}), "scale must be"),
-        (lambda m: MOGA(list(m.parameters())), "no geometry"),
+        (lambda m: MOGA(m.parameters()), r"^MOGA gives each parameter .*: pass the model, MOGA\(model\) \(in Hugging "
+                                         r"Face's Trainer: optimizer_cls_and_kwargs=\(MOGA, \{'model': model, [^\n]*$"),
+        (lambda m: Muon(m.parameters()), r"params\[0\] of shape \(2, 12, 12\): .*'boi' .*; or pass the model itself"),
+        (lambda m: Muon([m.hidden.bias]), r"params\[0\] of shape \(12,\): the matrix geometry spectral.* pass the model"),
         (lambda m: MOGA([m.experts], geometry="row(p=2)"), "layout="),
         (lambda m: ScaledAdamW([m.hidden.weight], geometries={"hidden": "row(p=2)"}), "pass the nn.Module"),
         (lambda m: GeometryOptimizer([m.hidden.weight], lr=0.1, geometry="row(p=2)", update="adam"), "sign geometry"),

@@ -84,7 +84,8 @@ class GeometryOptimizer(Optimizer):
 
     ``params`` is an ``nn.Module`` (its role plan is built with ``role_geometries``), a
     :class:`~moga.roles.RolePlan`, or torch-style params / param groups; a group without a ``geometry``
-    key takes ``geometry`` and ``update``. ``lr_multipliers={"readout": 0.5, ...}`` (a model or plan only)
+    key takes ``geometry`` and ``update``. With a model or a plan, the vector role's groups (biases, norm
+    gains, scalars) are not decayed, as in Trainer's and nanoGPT's optimizers. ``lr_multipliers={"readout": 0.5, ...}`` (a model or plan only)
     sets each named role's groups to ``lr`` times its multiplier (:mod:`moga.optim.multipliers`).
 
     Non-finite values. ``nonfinite="skip"`` (default) turns a step whose gradients hold NaN or inf, or
@@ -154,9 +155,20 @@ class GeometryOptimizer(Optimizer):
             params = build_plan(params, {**self.role_geometries, **(geometries or {})}, overrides)
         elif geometries or overrides:
             raise ValueError("geometries= and overrides= apply to a model; pass the nn.Module itself")
+        elif geometry is None:
+            params = list(params)
+            if any(not isinstance(g, Mapping) or "geometry" not in g for g in params):
+                name = type(self).__name__
+                raise ValueError(
+                    f"{name} gives each parameter the geometry of its role, which it reads from the model: pass "
+                    f"the model, {name}(model) (in Hugging Face's Trainer: optimizer_cls_and_kwargs=({name}, "
+                    f"{{'model': model, ...}})), or give every param group a 'geometry'")
         if isinstance(params, RolePlan):
             self.plan = params
             params = params.param_groups()
+            for group in params:  # one rule everywhere (docs/integrations.md): vectors are not decayed
+                if group["role"] == "vector":
+                    group["weight_decay"] = 0.0
         if lr_multipliers:  # each role's group at lr x its multiplier (moga.optim.multipliers)
             params = apply_multipliers(params if self.plan is not None else None, defaults["lr"], lr_multipliers)
         self.nonfinite = nonfinite
@@ -526,6 +538,11 @@ def _plan_group(group: dict) -> GroupPlan:
             # A plain matrix defaults to "oi"; non-matrix geometries have no layout.
             layouts[id(p)] = resolve_layout(group["layout"], p) if geometry.matrix else None
         except ValueError as e:
+            if p.ndim < 2 and group["layout"] is None and "role" not in group:
+                e = (f"the matrix geometry {geometry} does not apply to a {p.ndim}-D tensor (a bias or a norm "
+                     "gain?): pass the model itself, so that its role plan gives vectors their own geometry")
+            elif group["layout"] is None and "role" not in group:
+                e = f"{e}; or pass the model itself, so that its role plan orients each parameter"
             raise ValueError(f"{name}: {e}") from None
         sharded.check_placements(name, p, geometry, layouts[id(p)])
         layouts[id(p)] = sharded.global_layout(p, layouts[id(p)])  # factors from the global shape

@@ -15,7 +15,7 @@ class MOGA(GeometryOptimizer):
     One ``lr`` serves every layer: hidden and readout matrices take the ``(p,mean)->inf`` row LMO,
     embeddings ``1->(q,mean)`` and vectors (biases, norm gains) ``vectors="adamw"`` (Adam's direction) or
     ``"sign"`` (the l_inf LMO). Momentum is an EMA of gradients, optionally Nesterov; weight decay is
-    decoupled, ``W <- (1 - lr*wd) W + lr * D*``.
+    decoupled, ``W <- (1 - lr*wd) W + lr * D*``, and skips vectors when the plan comes from the model.
 
     >>> opt = MOGA(model, lr=2**-3)           # role plan from the unmodified model
     >>> print(opt.plan)                        # what each parameter gets
