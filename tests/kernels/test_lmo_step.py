@@ -279,6 +279,8 @@ FALLBACK = textwrap.dedent("""
         auto = run("auto")  # warned once per process
     messages = [str(w.message) for w in caught if "kernel" in str(w.message)]
     assert len(messages) == 1 and "plain torch path" in messages[0], messages
+    # one line that says how to see the compiler's output, not the compiler's command line
+    assert "\\n" not in messages[0] and "python -m moga.kernels.build" in messages[0] and "-O3" not in messages[0]
     assert torch.equal(auto, run("torch"))
     try:
         run("cpp")
@@ -294,6 +296,8 @@ def test_auto_falls_back_when_the_compiler_fails(tmp_path):
     env = {**os.environ, "CXX": "false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", FALLBACK], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "fallback ok" in result.stdout, result.stderr[-3000:]
+    building = [line for line in result.stderr.splitlines() if "building the fused C++ kernel once" in line]
+    assert len(building) == 1 and str(tmp_path) in building[0]  # said once, while the first build runs
 
 
 def test_builds_are_keyed_by_source_not_path(built):

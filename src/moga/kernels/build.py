@@ -106,10 +106,24 @@ def load_extension(verbose: bool = False):
             source = directory / SOURCE.name
             if not source.is_file() or source.read_bytes() != code:
                 source.write_bytes(code)
-            cpp_extension.load(
-                name=name, sources=[str(source)], extra_cflags=list(flags),
-                extra_ldflags=list(LDFLAGS),  # a copy: torch appends to it
-                build_directory=str(directory), verbose=verbose, is_python_module=False,
-            )
+            if not (directory / f"{name}.so").is_file():  # a silent 15-20 s pause looks like a hang
+                print(f"moga: building the fused C++ kernel once (~20 s), cached in {directory}", file=sys.stderr,
+                      flush=True)
+            try:
+                cpp_extension.load(
+                    name=name, sources=[str(source)], extra_cflags=list(flags),
+                    extra_ldflags=list(LDFLAGS),  # a copy: torch appends to it
+                    build_directory=str(directory), verbose=verbose, is_python_module=False,
+                )
+            except Exception as e:  # torch's message is the whole compiler command line
+                if verbose:
+                    raise
+                raise RuntimeError("the C++ build failed; to see the compiler's output run: python -m "
+                                   "moga.kernels.build") from e
         _module = torch.ops.moga_kernels
     return _module
+
+
+if __name__ == "__main__":  # python -m moga.kernels.build: build (or load) with the compiler's full output
+    load_extension(verbose=True)
+    print(f"moga: the fused C++ kernel is built in {build_plan()[3]}")

@@ -46,7 +46,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from moga.train.config import ConfigError, apply_overrides, build_config, read_config_file, single_path_component
+from moga.train.config import (ConfigError, apply_overrides, build_config, read_config_file, resolve_config_path,
+                               single_path_component)
 
 
 class SweepError(ValueError):
@@ -169,7 +170,7 @@ class Sweep:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Sweep":
-        path = Path(path)
+        path = resolve_config_path(path)  # its base is read relative to where it really is
         data = read_config_file(path)
         return cls.from_dict(data, path.parent, source=path)
 

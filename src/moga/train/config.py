@@ -475,8 +475,18 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def read_config_file(path: str | Path) -> dict:
+def resolve_config_path(path: str | Path) -> Path:
+    """``path``, or, when it does not exist and reads ``configs/...`` (the README's examples), the copy that
+    ships inside the installed package, so that the README's commands run outside a repository checkout."""
     path = Path(path)
+    if path.exists() or path.is_absolute() or path.parts[:1] != ("configs",):
+        return path
+    bundled = Path(__file__).resolve().parent.parent / path  # moga/configs/... in the package
+    return bundled if bundled.is_file() else path
+
+
+def read_config_file(path: str | Path) -> dict:
+    path = resolve_config_path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
     size = path.stat().st_size
