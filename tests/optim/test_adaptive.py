@@ -199,3 +199,33 @@ def test_zero_initial_weights_are_refused_with_the_reason():
     opt = AdaptiveGD(model.parameters(), layers=1)
     opt.step(loss=loss)
     assert opt.last["eta"] > 0 and model.weight.abs().sum() > 0
+
+
+def test_a_step_reads_the_device_once():
+    """The loss, ||W_t|| and the gradients' finiteness come to the host together: one read per step, not
+    two per parameter (a device sync each on a GPU)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Reads(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.count += func in (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__,
+                                   torch.Tensor.__bool__, torch.Tensor.cpu)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = AdaptiveGD(model.parameters(), alpha=0.1, layers=2)
+    x = torch.randn(16, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        before = global_norm(list(model.parameters()))
+        with Reads() as reads:
+            opt.step(loss=loss)
+        assert reads.count == 1
+        assert opt.last["w_norm"] == pytest.approx(before, rel=1e-12) and opt.last["loss"] == loss.item()

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from moga.train import CheckpointError, build_config, read_metrics, run
 from moga.train.checkpoint import save_checkpoint
@@ -313,3 +314,36 @@ def test_tensorboard_receives_the_metrics(tmp_path):
     train = read_metrics(tmp_path / "tb" / "metrics.jsonl", "train")
     logged = [e.value for e in events.Scalars(next(t for t in events.Tags()["scalars"] if t.endswith("loss")))]
     assert logged == pytest.approx([r["loss"] for r in train], rel=1e-6)
+
+
+class HostReads(TorchFunctionMode):
+    """Calls that read a tensor on the host (a device sync on a GPU), and argmaxes."""
+
+    READS = (torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__bool__)
+
+    def __init__(self):
+        super().__init__()
+        self.reads, self.argmaxes = 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.reads += func in self.READS
+        self.argmaxes += func in (torch.Tensor.argmax, torch.argmax)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_training_step_reads_the_loss_once_and_takes_no_argmax(tmp_path, monkeypatch):
+    """4 micro-batches: the loss is summed on the device and read once per step (it was read per micro-batch),
+    and no accuracy is computed for training batches (an argmax over every logit)."""
+    from moga.train.engine import Trainer
+
+    original, steps = Trainer._forward_backward, []
+
+    def recorded(self):
+        with HostReads() as mode:
+            loss = original(self)
+        steps.append((mode.reads, mode.argmaxes))
+        return loss
+
+    monkeypatch.setattr(Trainer, "_forward_backward", recorded)
+    result = run(tiny(train={"steps": 3, "grad_accum": 4}, eval={"every": 0}), tmp_path / "r")
+    assert result["steps"] == 3 and steps == [(1, 0)] * 3

@@ -65,8 +65,25 @@ def adaptive_step(alpha: float, layers: int, w0_norm: float, w_norm: float, loss
 
 
 def global_norm(tensors) -> float:
-    """Frobenius norm of all tensors together, in float64, robust to huge entries."""
-    norms = [_norm64(t.detach()) for t in tensors]
+    """Frobenius norm of all tensors together, in float64, robust to huge entries. One host read (more
+    only when some tensor's squares overflow float64)."""
+    tensors = [t.detach() for t in tensors]
+    value = float(_device_norm(tensors)) if tensors else 0.0
+    return value if math.isfinite(value) else _exact_global_norm(tensors)
+
+
+def _device_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The Frobenius norm of them all as a 0-d float64 on the first one's device, read nowhere: each
+    tensor's norm in float64, combined as ``top * sqrt(sum((n / top)^2))``. inf or NaN when a tensor's
+    squares overflow (or it holds inf or NaN): :func:`_exact_global_norm` then decides."""
+    device = tensors[0].device
+    norms = torch.stack([torch.linalg.vector_norm(t, dtype=torch.float64).to(device) for t in tensors])
+    top = norms.amax()
+    return top * (norms / torch.where(top > 0, top, 1.0)).square().sum().sqrt()
+
+
+def _exact_global_norm(tensors: list[torch.Tensor]) -> float:
+    norms = [_norm64(t) for t in tensors]
     top = max(norms, default=0.0)
     if top == 0 or not math.isfinite(top):
         return top
@@ -133,10 +150,9 @@ class AdaptiveGD(Optimizer):
                 loss = closure()
         if loss is None:
             raise ValueError("AdaptiveGD needs the loss at W_t: call step(closure) or step(loss=value)")
-        value = float(loss)
-        if self.nonfinite != "ignore" and self._refuse_nonfinite(value):
+        value, w_norm, finite = self._read(loss)
+        if self.nonfinite != "ignore" and self._refuse_nonfinite(value, finite):
             return loss
-        w_norm = global_norm(self.parameters())
         if self.w0_norm is None:
             self.w0_norm = w_norm
         _check_w0(self.w0_norm, self.layers)
@@ -150,13 +166,30 @@ class AdaptiveGD(Optimizer):
                      "w0_norm": self.w0_norm, "loss": value}
         return loss
 
-    def _refuse_nonfinite(self, loss: float) -> bool:
+    def _read(self, loss: float | torch.Tensor) -> tuple[float, float, bool]:
+        """(loss, ||W_t||, every gradient finite), read from the device together: one sync per step."""
+        params = [p.detach() for p in self.parameters()]
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not params:
+            return float(loss), 0.0, True
+        device = params[0].device
+        parts = [_device_norm(params)]
+        if self.nonfinite != "ignore" and grads:
+            parts.append(torch.stack([torch.isfinite(g).all().to(device) for g in grads]).all().double())
+        if isinstance(loss, torch.Tensor):
+            parts.append(loss.detach().to(device=device, dtype=torch.float64).reshape(()))
+        values = torch.stack(parts).tolist()
+        w_norm = values[0] if math.isfinite(values[0]) else _exact_global_norm(params)
+        finite = bool(values[1]) if self.nonfinite != "ignore" and grads else True
+        return (values[-1] if isinstance(loss, torch.Tensor) else float(loss)), w_norm, finite
+
+    def _refuse_nonfinite(self, loss: float, finite: bool) -> bool:
         """True when this step is skipped for a non-finite loss or gradient (or raises, by the policy)."""
+        if math.isfinite(loss) and finite:
+            return False
         bad = [f"group {gi} param {k}" for gi, group in enumerate(self.param_groups)
                for k, p in enumerate(group["params"])
                if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-        if math.isfinite(loss) and not bad:
-            return False
         what = [] if math.isfinite(loss) else [f"loss {loss}"]
         what += [f"gradient in {', '.join(bad[:5])}"] if bad else []
         if self.nonfinite == "raise":

@@ -382,16 +382,16 @@ class Trainer:
 
     def _forward_backward(self) -> float:
         d, task, accum = self.dist, self.task, self.cfg.train.grad_accum
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=d.device)  # read once per step, not per micro-batch
         for micro in range(accum):
             x, y = next(self.batches)
             shard = d.shard(len(y))
             x, y = x[shard].to(d.device, non_blocking=True), y[shard].to(d.device, non_blocking=True)
             with parallel.gradient_sync(self.model if self.ddp is None else self.ddp, micro == accum - 1):
                 with parallel.autocast(self.cfg.train.precision, d.device):
-                    loss, _, _ = task.loss(self.forward_model, x, y)
+                    loss, _, _ = task.loss(self.forward_model, x, y, accuracy=False)
                 (loss / accum).backward()
-            total += loss.detach().double().cpu()
+            total += loss.detach().double()
         return float(total) / accum
 
     # --- records ---------------------------------------------------------------------------------

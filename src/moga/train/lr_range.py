@@ -38,7 +38,7 @@ def _train_steps(task, model, optimizer, batches, lrs, accum, diverge_factor=Non
         total = 0.0
         for _ in range(accum):
             x, y = next(batches)
-            loss, _, _ = task.loss(model, x, y)
+            loss, _, _ = task.loss(model, x, y, accuracy=False)
             (loss / accum).backward()
             total += float(loss.detach()) / accum
         if not math.isfinite(total):

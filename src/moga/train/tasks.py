@@ -79,29 +79,34 @@ class Task:
 
     # --- loss ---------------------------------------------------------------------------------
 
-    def loss(self, model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(mean loss, number of correct predictions or -1, count of predictions)."""
+    def loss(self, model, x: torch.Tensor, y: torch.Tensor,
+             accuracy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """(mean loss, number of correct predictions or -1, count of predictions). ``accuracy=False`` (a training
+        step) skips the argmax over all outputs and gives None for the count."""
         if self.kind == "text":
             out = model(x, y)
             logits, loss = out if isinstance(out, tuple) else (out, None)
             if loss is None:
                 loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            if not accuracy:
+                return loss, None, y.numel()
             correct = (logits.argmax(-1) == y).sum() if logits.shape[:2] == y.shape else torch.tensor(-1)
             return loss, correct, y.numel()
         out = model(x)
         if self.loss_name == "cross_entropy":
-            return F.cross_entropy(out, y), (out.argmax(-1) == y).sum(), len(y)
+            return F.cross_entropy(out, y), (out.argmax(-1) == y).sum() if accuracy else None, len(y)
         if self.kind == "image":  # regression losses on one-hot targets
             target = F.one_hot(y, out.shape[-1]).to(out.dtype)
             if self.loss_name == "mse":
                 loss = F.mse_loss(out, target)
             else:
                 loss = F.binary_cross_entropy_with_logits(out, target)
-            return loss, (out.argmax(-1) == y).sum(), len(y)
+            return loss, (out.argmax(-1) == y).sum() if accuracy else None, len(y)
         y = y.to(out.dtype).reshape(out.shape)
         if self.loss_name == "mse":
             return F.mse_loss(out, y), torch.tensor(-1), len(y)
-        return F.binary_cross_entropy_with_logits(out, y), ((out > 0) == (y > 0.5)).sum(), y.numel()
+        correct = ((out > 0) == (y > 0.5)).sum() if accuracy else None
+        return F.binary_cross_entropy_with_logits(out, y), correct, y.numel()
 
 
 def _train_eval_limit(task: Task, split: str) -> int | None:
