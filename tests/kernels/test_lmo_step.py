@@ -236,33 +236,6 @@ def test_compiled_optimizer_step_runs_the_custom_op(built):
         assert torch.equal(a, b)
 
 
-def test_the_cuda_step_compiled_for_the_cpu_equals_the_reference():
-    # The CUDA registration compiles reference.tensor_step_ (dynamic shapes, lr-dependent numbers as
-    # tensors). Inductor's CPU backend runs the same graph here: parity, the skip flag, and one compile
-    # for several shapes and learning rates (a schedule must not recompile every step).
-    from torch._dynamo.utils import counters
-
-    from moga.kernels import ops
-
-    torch._dynamo.reset()
-    counters.clear()
-    gen = torch.Generator().manual_seed(4)
-    for (rows, cols), scale, flag in [((33, 40), -0.01, 0.0), ((7, 13), -0.03, 0.0), ((5, 9), -0.02, 1.0)]:
-        w, g, m = (torch.randn(rows, cols, generator=gen) for _ in range(3))
-        found_inf = torch.tensor(flag)  # the optimizer passes a flag on every step, or never (None)
-        args = ([1, rows, cols], [scale], 2.0, 0.9, True, 0.99)  # (B, K, N): columns of length rows
-        compiled, ref = ([w.clone()], [m.clone()]), ([w.clone()], [m.clone()])
-        ops._lmo_step_cuda(compiled[0], [g], compiled[1], found_inf, *args)
-        reference.lmo_step_(ref[0], [g], ref[1], found_inf, *args)
-        torch.testing.assert_close(compiled[0][0], ref[0][0], rtol=0, atol=1e-6)
-        torch.testing.assert_close(compiled[1][0], ref[1][0], rtol=0, atol=1e-6)
-        if flag:
-            assert torch.equal(compiled[0][0], w) and torch.equal(compiled[1][0], m)
-        else:
-            assert not torch.equal(compiled[0][0], w)
-    assert counters["stats"]["unique_graphs"] == 1
-
-
 FALLBACK = textwrap.dedent("""
     import warnings, torch
     from moga.optim import MOGA

@@ -347,3 +347,17 @@ def test_a_training_step_reads_the_loss_once_and_takes_no_argmax(tmp_path, monke
     monkeypatch.setattr(Trainer, "_forward_backward", recorded)
     result = run(tiny(train={"steps": 3, "grad_accum": 4}, eval={"every": 0}), tmp_path / "r")
     assert result["steps"] == 3 and steps == [(1, 0)] * 3
+
+
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_clipping_norm_is_the_optimizers_nonfinite_verdict(tmp_path, clip):
+    # With clipping, the global norm already says whether a gradient is NaN or inf: MOGA takes that flag
+    # and does not read every gradient a second time (its C++ check does not run).
+    from moga.kernels import FusedCalls
+
+    cfg = tiny(train={"steps": 3, "grad_clip": clip}, optim={"name": "moga", "lr": 0.05},
+               eval={"every": 0}, checkpoint={"every": 0})
+    with FusedCalls() as calls:
+        run(cfg, tmp_path / "run")
+    checks = sum(1 for name, _ in calls.ops if name.endswith("found_nonfinite"))
+    assert calls.stepped > 0 and checks == (0 if clip else 3)

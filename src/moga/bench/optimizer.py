@@ -45,12 +45,23 @@ class KernelOnly(torch.optim.Optimizer):
                         nesterov=False, weight_decay=0.0)
 
 
+class FlagSupplied(MOGA):
+    """MOGA handed the step's non-finite flag, as ``moga train`` hands it the verdict of clipping's global
+    gradient norm (or a GradScaler its own): no pass of its own over the gradients."""
+
+    def step(self, closure=None):
+        if not hasattr(self, "_flag"):
+            self._flag = torch.zeros((), device=self.param_groups[0]["params"][0].device)
+        return super().step(closure, found_inf=self._flag)
+
+
 OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "torch-adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
     "torch-adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
     "torch-muon": lambda ps: torch.optim.Muon(ps, lr=1e-3, weight_decay=0.0),
     "moga-row-p2": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)"),
     "moga-row-p2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nonfinite="ignore"),
+    "moga-row-p2-flag": lambda ps: FlagSupplied(ps, lr=1e-3, geometry="row(p=2)"),
     "moga-row-p2-kernel": lambda ps: KernelOnly(ps, lr=1e-3),
     "moga-row-p1.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=1.5)"),
     "moga-row-p2.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2.5)"),
@@ -139,7 +150,7 @@ def bench_optimizers(
 # records the same step with the non-finite check (their ratio is the check's cost), and for the plain
 # path (kernel="torch") the fused kernel.
 PEERS = {"moga-muon": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
-         "moga-row-p2-nocheck": "moga-row-p2", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign",
+         "moga-row-p2-nocheck": "moga-row-p2", "moga-row-p2-flag": "moga-row-p2-nocheck", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign",
          "moga-row-p2-torch": "moga-row-p2"}
 
 

@@ -4,11 +4,9 @@ CUDA the compiled reference, any other device the plain reference."""
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
-from moga.kernels import reference
+from moga.kernels import compiled, reference
 from moga.kernels.build import load_extension
 
 
@@ -30,25 +28,12 @@ def _lmo_step_cpu(params, grads, bufs, found_inf, shapes, scales, p, momentum, n
 
 @lmo_step_.register_kernel("cuda")
 def _lmo_step_cuda(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay):
-    step = _compiled_step()
-    device = params[0].device
-    # lr-dependent numbers go in as tensors, so a schedule does not recompile every step
-    decay_t = torch.tensor(decay, dtype=torch.float32, device=device)
-
-    def compiled(w, g, m, flag, shape, c, p_, mom, nest, _decay):
-        step(w, g, m, flag, shape, torch.tensor(c, dtype=torch.float32, device=device), p_, mom, nest, decay_t)
-
-    reference.lmo_step_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay, step=compiled)
+    compiled.lmo_step_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay)
 
 
 @lmo_step_.register_fake
 def _lmo_step_fake(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay):
     return None
-
-
-@lru_cache(maxsize=None)
-def _compiled_step():
-    return torch.compile(reference.tensor_step_, dynamic=True)
 
 
 @torch.library.custom_op("moga::found_nonfinite", mutates_args=())

@@ -51,9 +51,10 @@ def tensor_step_(
         w = torch.where(keep, param.reshape(shape).to(compute), w)
         if buf is not None:
             m = torch.where(keep, buf.reshape(shape).to(compute), m)
-    param.copy_(w.reshape(param.shape))
-    if buf is not None:
-        buf.copy_(m.reshape(buf.shape))
+    if buf is None:
+        param.copy_(w.reshape(param.shape))
+    else:  # one foreach copy: inductor's C++ backend fails on two copies of the row layout (KeyError 'bufN')
+        torch._foreach_copy_([param, buf], [w.reshape(param.shape), m.reshape(buf.shape)])
 
 
 def lmo_step_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay, step=tensor_step_) -> None:

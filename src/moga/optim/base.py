@@ -93,7 +93,11 @@ class GeometryOptimizer(Optimizer):
     as they were, and ``skipped_steps`` counts it. The step never waits for the device; reading
     ``skipped_steps`` (or ``state_dict``) does. ``"raise"`` raises ``FloatingPointError`` naming the
     tensors, leaving everything untouched; it reads the flag on the host every step (a device sync).
-    ``"ignore"`` turns the gradient check off (for a GradScaler that already does it).
+    ``"ignore"`` turns the gradient check off. A caller that already knows, passes ``step(found_inf=flag)``
+    and the optimizer does not read the gradients for it: ``moga train`` passes clipping's verdict, and
+    ``torch.amp.GradScaler`` its own (with its loss scale, which the step divides out), as for torch's
+    fused optimizers. ``torch.compile(opt.step)`` works: the step then uses ops that compile in place of
+    torch's fused AdamW and SGD kernels.
 
     Precision. The math runs in float32 for 16-bit parameters (float64 for float64 ones). Momentum and
     Adam moments are kept in ``state_dtype`` (float32 by default; ``torch.bfloat16`` halves their
@@ -204,8 +208,22 @@ class GeometryOptimizer(Optimizer):
 
     # --- stepping ------------------------------------------------------------------------------------
 
+    # torch.amp.GradScaler hands this optimizer its loss scale and verdict instead of unscaling and checking
+    # the gradients itself (the protocol of torch's fused optimizers): see ``step``.
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, *, found_inf: torch.Tensor | None = None, grad_scale: torch.Tensor | None = None):
+        """One step. ``found_inf``, a 0-d tensor (nonzero: some gradient is NaN or inf), is a verdict the
+        caller already has, say from a non-finite global gradient norm: it replaces the optimizer's own pass
+        over the gradients (``nonfinite`` still decides what a set flag does; "ignore" skips too), and must
+        agree on every rank. ``grad_scale``: the gradients are that many times the true ones; they are divided
+        by it in place first. torch.amp.GradScaler passes both, as the attributes ``found_inf`` and
+        ``grad_scale`` that it sets around the call."""
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -223,7 +241,11 @@ class GeometryOptimizer(Optimizer):
                 work.append((gi, plan, group, params))
         if not work or not self._lr_finite(work):
             return loss
-        ok = self._gradients_ok(work)
+        for gi, *_ in work:
+            self._init_group(self.param_groups[gi])
+        if grad_scale is not None:
+            _unscale_([local(p.grad) for *_, params in work for p in params], grad_scale)
+        ok = self._gradients_ok(work) if found_inf is None else self._flag_ok(work, found_inf)
         whole: list[WholeJob] = []  # steps that need whole matrices, split among ranks after the loop
         rounding = []
         for _, plan, group, params in work:
@@ -235,9 +257,7 @@ class GeometryOptimizer(Optimizer):
         for params, targets in rounding:
             _round_into(params, targets)
         if ok is not None:
-            if self._skipped_device is None:
-                self._skipped_device = torch.zeros((), dtype=torch.int64, device=ok.device)
-            self._skipped_device.add_(~ok)
+            self._skipped_device.add_((~ok).to(self._skipped_device.device))
         return loss
 
     def _lmo_step(self, plan: GroupPlan, group, params, ok, rounding: list) -> list[WholeJob]:
@@ -337,8 +357,7 @@ class GeometryOptimizer(Optimizer):
         states = [self.state[p] for p in params]
         exp_avgs = [local(self._buffer(p, "exp_avg")) for p in params]
         exp_avg_sqs = [local(self._buffer(p, "exp_avg_sq")) for p in params]
-        steps = [st.setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
-                 for p, st in zip(params, states)]
+        steps = [st["step"] for st in states]  # made by _init_group (dynamo replays a setdefault as a set)
         count = 1.0 if ok is None else ok.to(torch.float32)  # a skipped step is not counted
         for step in steps:
             step.add_(count)
@@ -381,6 +400,22 @@ class GeometryOptimizer(Optimizer):
             torch._fused_adamw_(ps, gs, ms, vs, [], ss, amsgrad=False, lr=lr * c, beta1=beta1, beta2=beta2,
                                 weight_decay=wd / c if wd else 0.0, eps=group["eps"], maximize=False,
                                 grad_scale=None, found_inf=found_inf)
+
+    def _init_group(self, group: dict) -> None:
+        """Every state tensor the group's step will use, made before the step. Under torch.compile, dynamo
+        runs this method eagerly, outside the graph (as for torch's optimizers): state made inside a graph
+        can alias (inductor returned one buffer for the equal new step counters of several parameters), and
+        an attribute set there was lost between compiles (the skip counter)."""
+        params = [p for p in group["params"] if p.grad is not None and p.numel()]
+        if self._skipped_device is None and params:  # on the device of the step's flag (the first gradient)
+            self._skipped_device = torch.zeros((), dtype=torch.int64, device=local(params[0].grad).device)
+        keys = ("exp_avg", "exp_avg_sq") if group["update"] == "adam" else ("momentum_buffer",) * (group["momentum"] > 0)
+        for p in params:
+            for key in keys:
+                self._buffer(p, key)
+            if group["update"] == "adam":
+                self.state[p].setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
+        self._targets(params)  # master copies
 
     # --- precision -----------------------------------------------------------------------------------
 
@@ -440,6 +475,17 @@ class GeometryOptimizer(Optimizer):
         warnings.warn(message + "; step skipped (see skipped_steps)", RuntimeWarning, stacklevel=3)
         self._skipped_host += 1
         return False
+
+    def _flag_ok(self, work, found_inf: torch.Tensor) -> torch.Tensor:
+        """The caller's verdict as the step's 0-d bool on the gradients' device (no pass over them)."""
+        if not isinstance(found_inf, torch.Tensor) or found_inf.numel() != 1:
+            raise TypeError(f"found_inf must be a tensor with one element (nonzero: skip the step), got {found_inf!r}")
+        device = local(work[0][3][0].grad).device
+        ok = found_inf.reshape(()).to(device, non_blocking=True) == 0
+        if self.nonfinite == "raise" and not bool(ok):  # the documented sync
+            raise FloatingPointError("non-finite gradients (found_inf is set); weights and optimizer state are "
+                                     "unchanged")
+        return ok
 
     def _gradients_ok(self, work) -> torch.Tensor | None:
         """A 0-d bool on the device: every gradient is finite. None when ``nonfinite="ignore"``."""
@@ -641,6 +687,17 @@ def _round_into(params: list[torch.Tensor], targets: list[torch.Tensor]) -> None
             p.copy_(t)
 
 
+def _unscale_(grads: list[torch.Tensor], grad_scale: torch.Tensor) -> None:
+    """Gradients times 1/grad_scale in place, that factor rounded as GradScaler rounds it; one foreach
+    call per device and dtype."""
+    inv = grad_scale.double().reciprocal().float()
+    by_kind: dict = {}
+    for g in grads:
+        by_kind.setdefault((g.device, g.dtype), []).append(g)
+    for (device, _), gs in by_kind.items():
+        torch._foreach_mul_(gs, inv.to(device, non_blocking=True))
+
+
 def _gate(ok: torch.Tensor | None, value: float, skipped: float):
     """``value``, or on the device ``value`` where ``ok`` else ``skipped``: in float64, so that a gated step
     size is the very number the ungated one would be (no host sync, no host-to-device copy)."""
@@ -720,7 +777,7 @@ def _all_finite_foreach(tensors: list[torch.Tensor], device: torch.device) -> to
 
 
 def _fused_sgd_applies(bufs: list[torch.Tensor], grads: list[torch.Tensor]) -> bool:
-    if not hasattr(torch, "_fused_sgd_"):
+    if not hasattr(torch, "_fused_sgd_") or torch.compiler.is_compiling():  # no fake kernel: compile can't trace it
         return False
     device, dtype = bufs[0].device, bufs[0].dtype
     return device.type in ("cpu", "cuda") and all(
@@ -732,8 +789,9 @@ def _fused_adamw_applies(params: list[torch.Tensor], exp_avgs: list[torch.Tensor
                          exp_avg_sqs: list[torch.Tensor], master_weights: bool) -> bool:
     """torch's fused AdamW kernel exists for these tensors: one CPU or CUDA device, one dtype for parameters,
     gradients and moments, one memory order. bfloat16 too (``state_dtype=torch.bfloat16``): the kernel does
-    its math in float32, as the plain path does, but not with master copies, which it would bypass."""
-    if not hasattr(torch, "_fused_adamw_"):
+    its math in float32, as the plain path does, but not with master copies, which it would bypass. Not under
+    torch.compile, which cannot trace it on tensors it mutates functionally: there the plain path."""
+    if not hasattr(torch, "_fused_adamw_") or torch.compiler.is_compiling():
         return False
     device, dtype = params[0].device, params[0].dtype
     allowed = (torch.float32, torch.float64) if master_weights else (torch.float32, torch.float64, torch.bfloat16)

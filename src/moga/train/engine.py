@@ -35,6 +35,7 @@ from torch import nn
 
 from moga.data import derive_seed
 from moga.filelock import DirectoryBusy, writer_lock
+from moga.optim import GeometryOptimizer
 from moga.optim.multipliers import base_lr
 from moga.status import Status
 
@@ -103,6 +104,15 @@ class _StopFlag:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def nonfinite_flag(total_norm: torch.Tensor) -> torch.Tensor:
+    """The step's verdict from clipping's global gradient norm, on the device: it is NaN or inf exactly when
+    a gradient is (or, for finite gradients, when their norm overflows: a step worth skipping too). A
+    DTensor norm (FSDP2) is made whole first: one scalar all-reduce, instead of the optimizer's own."""
+    if hasattr(total_norm, "full_tensor"):
+        total_norm = total_norm.full_tensor()
+    return torch.isfinite(total_norm).logical_not()
 
 
 class Trainer:
@@ -323,8 +333,11 @@ class Trainer:
             reason = self._divergence(loss)
             if reason is not None:
                 return self._diverged(loss, reason)
+            found_inf = None
             if cfg.train.grad_clip is not None:  # the global norm: over DTensor shards, a sum over ranks
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
+                if isinstance(self.optimizer, GeometryOptimizer):  # it need not read the gradients again
+                    found_inf = nonfinite_flag(self.grad_norm)
             # The schedule is the one writer of the lr; the step rule (if any) is a factor on it.
             lr_factor = self.schedule.factor(self.step)
             # the base rate, not group 0's multiplied one
@@ -335,6 +348,8 @@ class Trainer:
             self.instruments.before_step(self.step)  # diagnostics' first probe
             if getattr(self.optimizer, "needs_loss", False):
                 self.optimizer.step(loss=loss)
+            elif found_inf is not None:
+                self.optimizer.step(found_inf=found_inf)
             else:
                 self.optimizer.step()
             self.step += 1

@@ -1,0 +1,48 @@
+"""scripts/gpu-check.sh, the first run on a machine with a GPU: what of it can run without one."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from moga.train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu-check.sh"
+HELPER = ROOT / "scripts" / "gpu_check.py"
+
+
+def helper(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(HELPER), *map(str, args)], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the script would run its checks")
+def test_without_cuda_it_stops_at_once_with_one_clear_line(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "unused"), "GPU_CHECK_WHEELS": str(tmp_path)}
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert summary.count("\n") == 1 and "no CUDA device" in summary and "Traceback" not in result.stderr
+    assert result.stdout == summary
+
+
+def test_its_training_config_is_valid_and_asks_for_bf16_on_cuda(tmp_path):
+    assert helper("config", tmp_path).returncode == 0
+    cfg = load_config(tmp_path / "config.yaml", ["optim.name=adamw", "train.parallel=fsdp",
+                                                       "train.deterministic=true", "checkpoint.every=4"])
+    assert cfg.train.device == "cuda" and cfg.train.precision == "bf16" and cfg.train.parallel == "fsdp"
+    assert Path(cfg.data.text_path).stat().st_size > 100_000
+
+
+def test_tokens_reads_the_median_rate_after_the_first_record(tmp_path):
+    records = [{"type": "train", "loss": 3.0 - i, "tokens_per_s": rate} for i, rate in enumerate([10.0, 50, 70, 60])]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = helper("tokens", tmp_path)
+    assert result.returncode == 0 and json.loads(result.stdout) == {"tokens_per_s": 60, "final_loss": 0.0}
