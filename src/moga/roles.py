@@ -231,8 +231,8 @@ def _usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[str, str | N
 # Kinds that no torch layer declares: role, and the reason the plan prints for them.
 ODD_KINDS: dict[str, tuple[str, str]] = {
     "router": ("hidden", "a MoE router, (num_experts x hidden) read as F.linear(x, weight): a hidden matrix"),
-    "experts": ("hidden", "a fused expert stack (num_experts x out x in): one hidden matrix per expert, the "
-                          "expert axis a batch axis"),
+    "experts": ("hidden", "a fused expert stack (num_experts x out x in, or x in x out where the module says "
+                          "is_transposed): one hidden matrix per expert, the expert axis a batch axis"),
     "expert_bias": ("vector", "per-expert biases (num_experts x d): vectors"),
     "elementwise": ("vector", "a state-space parameter used elementwise (Mamba's A = -exp(A_log)): a vector"),
     "scalar": ("vector", "a scalar (a temperature such as CLIP's logit_scale): a vector, Adam's step on one "
@@ -251,7 +251,7 @@ def _moe_or_ssm_usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[s
         hidden = getattr(module, "hidden_dim", None)
         if p.ndim == 2 and pname == "weight" and p.shape[1] == hidden and hidden != experts:
             return "router", LINEAR
-        if p.ndim == 2 and pname.endswith("bias") and isinstance(getattr(module, "is_transposed", None), bool):
+        if p.ndim == 2 and pname.endswith("bias"):  # a bias has no orientation to get wrong
             return "expert_bias", None
     if pname == "A_log" and p.ndim == 2:
         return "elementwise", None

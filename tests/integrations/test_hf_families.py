@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from moga.optim import MOGA, Muon
-from moga.roles import build_plan
+from moga.roles import PlanError, build_plan
 from tests.integrations.hf_families import NEW_FAMILIES as FAMILIES
 from tests.integrations.hf_families import build_family as build
 from tests.integrations.hf_zoo import VOCAB
@@ -102,3 +102,35 @@ def test_expert_stacks_step_per_expert():
     row = parse_geometry("row(p=2)")
     for e in range(stack.shape[0]):
         torch.testing.assert_close(stack[e].detach(), before[e] + 0.1 * row.lmo(grad[e], "oi"))
+
+
+def test_transposed_expert_stacks_and_expert_biases():
+    """GPT-OSS stores its experts (E, in, out) and says so (is_transposed): layout bio, and per-expert biases
+    (E, d) are vectors; the router has a bias too."""
+    T = pytest.importorskip("transformers", reason="transformers is not installed (pip install moga[hf])",
+                            exc_type=ImportError)
+    if not hasattr(T, "GptOssConfig"):
+        pytest.skip("this transformers has no GPT-OSS")
+    torch.manual_seed(0)
+    model = T.GptOssForCausalLM(T.GptOssConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=32,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=8))
+    experts = model.model.layers[0].mlp.experts
+    overrides = None
+    if not hasattr(experts, "is_transposed"):
+        # transformers 4.x: the module does not say how its stacks are stored, so the plan refuses to guess,
+        # listing both stacks (the biases need no orientation), and the override places them.
+        with pytest.raises(PlanError, match=r"(?s)cannot place 4 parameter.*experts.gate_up_proj.*experts.down_proj'"):
+            build_plan(model)
+        overrides = {"*.experts.*_proj": "hidden:bio"}
+    plan = build_plan(model, overrides=overrides)
+    up, down = plan["model.layers.0.mlp.experts.gate_up_proj"], plan["model.layers.0.mlp.experts.down_proj"]
+    assert (up.layout, down.layout) == ("bio", "bio")
+    assert up.matrix_shape == (32, 32) and down.matrix_shape == (32, 16)  # (out, in) of x @ W[e]
+    assert plan["model.layers.0.mlp.experts.down_proj_bias"].role == "vector"
+    assert (plan["model.layers.0.mlp.router.weight"].layout, plan["model.layers.0.mlp.router.bias"].role) == (
+        "oi", "vector")
+    data = {"input_ids": torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))}
+    losses = _losses(model, MOGA(model, overrides=overrides), {**data, "labels": data["input_ids"]})
+    assert losses[-1] < losses[0], losses
