@@ -127,7 +127,7 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
 
 
 def test_race_ratios_and_their_intervals_on_known_curves():
-    from moga.experiments.reproduce.race import budget_state, race_budget
+    from moga.experiments.reproduce.race import budget_state, race_budget, token_trend
 
     steps = np.arange(1, 101) * 10
     times = np.tile(steps * 0.01, (3, 1))
@@ -139,6 +139,8 @@ def test_race_ratios_and_their_intervals_on_known_curves():
     assert r["tokens_interval"][1] < 1 and budget_state(r) == "held"
     swapped = race_budget(rival, subject)
     assert swapped["tokens_interval"][0] > 1 and budget_state(swapped) == "failed"
+    assert token_trend(swapped, r) == "the token ratio falls with budget"
+    assert token_trend(r, r) == "no trend across budgets: the token intervals overlap"
 
 
 def test_the_stored_cpu_outcomes_recheck_from_their_own_cells():

@@ -129,6 +129,18 @@ def budget_state(r: dict) -> str:
     return "inconclusive"
 
 
+def token_trend(first: dict, last: dict) -> str:
+    """How the token ratio moves from the smallest budget to the largest, said only where the intervals part."""
+    a, b = first["tokens_interval"], last["tokens_interval"]
+    if a is None or b is None:
+        return "trend across budgets: no intervals"
+    if b[1] < a[0]:
+        return "the token ratio falls with budget"
+    if b[0] > a[1]:
+        return "the token ratio rises with budget"
+    return "no trend across budgets: the token intervals overlap"
+
+
 def judge_race(rep, sweep, out: Path, params_per_model: int | None) -> dict:
     from moga.sweep.store import SweepStore
 
@@ -171,6 +183,5 @@ def judge_race(rep, sweep, out: Path, params_per_model: int | None) -> dict:
                     for b, r in results.items())
     if len(results) >= 2:
         first, last = results[budgets[0]], results[budgets[-1]]
-        trend = "closes" if last["tokens_ratio"] < first["tokens_ratio"] else "widens"
-        key += f" (the token gap {trend} with budget)"
+        key += f" ({token_trend(first, last)})"
     return {"outcome": outcome, "key": key, "details": lines, "race": results}
