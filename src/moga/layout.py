@@ -55,18 +55,18 @@ class Layout:
     def fan_out(self, shape) -> int:
         """m, the number of rows of each logical matrix."""
         self.check(shape)
-        return math.prod(shape[d] for d in self.out_dims)
+        return math.prod([shape[d] for d in self.out_dims])
 
     def fan_in(self, shape) -> int:
         """n, the number of columns of each logical matrix."""
         self.check(shape)
-        return math.prod(shape[d] for d in self.in_dims)
+        return math.prod([shape[d] for d in self.in_dims])
 
     def to_matrix(self, t: torch.Tensor) -> torch.Tensor:
         """A (batch, m, n) view or copy of ``t`` holding its logical matrices."""
         self.check(t.shape)
         order = self.batch_dims + self.out_dims + self.in_dims
-        batch = math.prod(t.shape[d] for d in self.batch_dims)
+        batch = math.prod([t.shape[d] for d in self.batch_dims])
         return t.permute(order).reshape(batch, self.fan_out(t.shape), self.fan_in(t.shape))
 
     def from_matrix(self, mat: torch.Tensor, shape) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """``torch.compile(opt.step)`` runs MOGA, Muon and ScaledAdamW with their defaults (Adam on vectors, the
-non-finite skip) and takes the eager step's values; a step with a NaN gradient is skipped alike."""
+non-finite skip) as one graph, first step included (``fullgraph``), and takes the eager step's values; a
+step with a NaN gradient is skipped alike."""
 
 import copy
 
@@ -23,7 +24,7 @@ CASES = {
 def train(make, backend, net, steps=3):
     opt = make(net)
     torch._dynamo.reset()
-    step = opt.step if backend is None else torch.compile(opt.step, backend=backend)
+    step = opt.step if backend is None else torch.compile(opt.step, backend=backend, fullgraph=True)  # no break
     gen = torch.Generator().manual_seed(3)
     for k in range(steps + 1):
         opt.zero_grad()

@@ -241,8 +241,7 @@ class GeometryOptimizer(Optimizer):
                 work.append((gi, plan, group, params))
         if not work or not self._lr_finite(work):
             return loss
-        for gi, *_ in work:
-            self._init_group(self.param_groups[gi])
+        self._init_group(self.param_groups[work[0][0]])  # every group's state, in one call (see there)
         if grad_scale is not None:
             _unscale_([local(p.grad) for *_, params in work for p in params], grad_scale)
         ok = self._gradients_ok(work) if found_inf is None else self._flag_ok(work, found_inf)
@@ -401,21 +400,25 @@ class GeometryOptimizer(Optimizer):
                                 weight_decay=wd / c if wd else 0.0, eps=group["eps"], maximize=False,
                                 grad_scale=None, found_inf=found_inf)
 
-    def _init_group(self, group: dict) -> None:
-        """Every state tensor the group's step will use, made before the step. Under torch.compile, dynamo
-        runs this method eagerly, outside the graph (as for torch's optimizers): state made inside a graph
-        can alias (inductor returned one buffer for the equal new step counters of several parameters), and
-        an attribute set there was lost between compiles (the skip counter)."""
-        params = [p for p in group["params"] if p.grad is not None and p.numel()]
-        if self._skipped_device is None and params:  # on the device of the step's flag (the first gradient)
-            self._skipped_device = torch.zeros((), dtype=torch.int64, device=local(params[0].grad).device)
-        keys = ("exp_avg", "exp_avg_sq") if group["update"] == "adam" else ("momentum_buffer",) * (group["momentum"] > 0)
-        for p in params:
-            for key in keys:
-                self._buffer(p, key)
-            if group["update"] == "adam":
-                self.state[p].setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
-        self._targets(params)  # master copies
+    def _init_group(self, first: dict) -> None:
+        """Every state tensor the step will use, in every group, made before the step reads any. Under
+        torch.compile, dynamo runs a method of this name eagerly, outside the graph (as for torch's
+        optimizers; it wants a param group as the argument: ``first``, the first one with gradients). State
+        made inside a graph can alias (inductor returned one buffer for the equal new step counters of
+        several parameters), an attribute set there was lost between compiles (the skip counter), and state
+        made by a second call was missing from dynamo's view of ``self.state``, so one call makes it all."""
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None and p.numel()]
+            if self._skipped_device is None and params and group is first:  # where the step's flag will be
+                self._skipped_device = torch.zeros((), dtype=torch.int64, device=local(params[0].grad).device)
+            adam = group["update"] == "adam"
+            keys = ("exp_avg", "exp_avg_sq") if adam else ("momentum_buffer",) * (group["momentum"] > 0)
+            for p in params:
+                for key in keys:
+                    self._buffer(p, key)
+                if adam:
+                    self.state[p].setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
+            self._targets(params)  # master copies
 
     # --- precision -----------------------------------------------------------------------------------
 

@@ -44,11 +44,11 @@ class ShardLayout(Layout):
 
     def fan_out(self, shape) -> int:
         self.check(shape)
-        return math.prod(self.shape[d] for d in self.out_dims)
+        return math.prod([self.shape[d] for d in self.out_dims])
 
     def fan_in(self, shape) -> int:
         self.check(shape)
-        return math.prod(self.shape[d] for d in self.in_dims)
+        return math.prod([self.shape[d] for d in self.in_dims])
 
     def to_matrix(self, t):
         return Layout(self.spec).to_matrix(t)
