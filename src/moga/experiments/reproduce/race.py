@@ -179,8 +179,9 @@ def judge_race(rep, sweep, out: Path, params_per_model: int | None) -> dict:
             f"(best lr {subject} {picks[subject]['lr']:g}, {rival} {picks[rival]['lr']:g}; seeds {r['seeds'][0]}, "
             f"{r['seeds'][1]})" + (f"; best lr on the grid's edge for {', '.join(edges)}: extend it" if edges else ""))
     outcome = next((s for s in ("failed", "undecided", "inconclusive", "held") if s in states), "undecided")
-    key = "; ".join(f"{b} steps: {subject} {r['tokens_ratio']:.2f}x tokens, {r['time_ratio']:.2f}x time"
-                    for b, r in results.items())
+    iv = lambda v: "" if v is None else f" [{v[0]:.2f}, {v[1]:.2f}]"  # noqa: E731
+    key = "; ".join(f"{b} steps: {subject} {r['tokens_ratio']:.2f}x{iv(r['tokens_interval'])} {rival}'s tokens, "
+                    f"{r['time_ratio']:.2f}x{iv(r['time_interval'])} its time" for b, r in results.items())
     if len(results) >= 2:
         first, last = results[budgets[0]], results[budgets[-1]]
         key += f" ({token_trend(first, last)})"

@@ -38,7 +38,7 @@ def results_table(outcomes: dict[str, dict[str, dict]]) -> str:
         if name in cpu:
             o = cpu[name]
             outcome, key = f"**{o['outcome']}**", o.get("key") or ""
-            if "cells" not in o and o.get("kind", "transfer") != "convergence" and "race" not in name:
+            if "cells" not in o and rep.kind in ("transfer", "joint"):
                 outcome += " (one seed, no interval: stored before verdicts had intervals)"
             if o.get("data"):
                 key = f"{key} ({o['data']}, {_minutes(o)})" if key else f"({o['data']}, {_minutes(o)})"
