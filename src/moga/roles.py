@@ -48,7 +48,7 @@ from moga.layout import EMBEDDING, LINEAR, as_layout
 ROLES = ("embedding", "input", "hidden", "readout", "tied", "conv", "vector")
 ADAM_PREFIX = "adam:"
 
-# MOGA's defaults (issue 2): row(p=2) for matrices, the embedding geometry for tables, Adam for vectors.
+# MOGA's defaults: row(p=2) for matrices, the embedding geometry for tables, Adam for vectors.
 MOGA_GEOMETRIES: dict[str, str] = {
     "embedding": "embedding(q=2)",
     "input": "row(p=2)",

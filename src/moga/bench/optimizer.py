@@ -146,7 +146,7 @@ def bench_optimizers(
     ]
 
 
-# The record each one is judged against beside fused AdamW: the kernel issue's targets, for the nocheck
+# The record each one is judged against beside fused AdamW: the kernel's targets, for the nocheck
 # records the same step with the non-finite check (their ratio is the check's cost), and for the plain
 # path (kernel="torch") the fused kernel.
 PEERS = {"moga-muon": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
