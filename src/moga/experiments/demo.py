@@ -129,7 +129,7 @@ def demo_command(
 ) -> None:
     """The depth paper's figure 1 at CPU scale: residual MLPs at depths 2-32, AdamW vs Muon vs MOGA, with and
     without alpha = K_base/K, six learning rates each; then the transfer report. Re-running resumes."""
-    result = run_demo(out, quick=quick, workers=workers, data=data, min_seeds=seeds, max_seeds=max(seeds, max_seeds))
+    result = run_demo(out, quick=quick, workers=workers, data=data, min_seeds=min(seeds, max_seeds), max_seeds=max_seeds)
     if readme is not None:
         command = "moga demo" + (" --quick" if quick else "")
         update_readme(readme, result["report"], readme.parent / "docs", command)

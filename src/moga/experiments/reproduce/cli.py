@@ -79,7 +79,7 @@ def reproduce_command(
                 result = reproduce(get(n), target, scale, workers=workers, executor=executor,
                                    ray_address=ray_address, data=data if len(names) == 1 else None,
                                    max_regret=max_regret, progress=not quiet,
-                                   min_seeds=seeds, max_seeds=max(seeds, max_seeds))
+                                   min_seeds=min(seeds, max_seeds), max_seeds=max_seeds)
         except (ReproduceError, SweepError, FileNotFoundError, RuntimeError) as e:  # DirectoryBusy too
             typer.echo(f"{n}: error: {e}", err=True)
             failed.append(n)
