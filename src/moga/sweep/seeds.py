@@ -12,10 +12,10 @@ the grid has to grow first. The added cells are the sweep's ``include`` entries 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from moga.sweep.report import analyze
+from moga.sweep.report.decision import decisive_rates
 from moga.sweep.report.schema import parse_records
 from moga.sweep.report.summary import PanelSummary
 from moga.sweep.store import SweepStore
@@ -26,15 +26,7 @@ def decisive_lrs(p: PanelSummary) -> dict[float, list[float]]:
     if p.decision is None:
         return {}
     x_ref = p.decision.scales[0].optimum_log2
-    out = {}
-    for c in p.curves:
-        i = c.lrs.index(c.best_lr)
-        near = set(c.lrs[max(0, i - 1):i + 2])
-        below = [lr for lr in c.lrs if math.log2(lr) <= x_ref]
-        above = [lr for lr in c.lrs if math.log2(lr) >= x_ref]
-        near |= set(below[-1:]) | set(above[:1])
-        out[c.scale] = sorted(near)
-    return out
+    return {c.scale: decisive_rates(c, x_ref) for c in p.curves}
 
 
 def wanted_seeds(p: PanelSummary, min_seeds: int, max_seeds: int) -> int:

@@ -7,7 +7,7 @@ makes its segments diverge). With the smallest scale as the reference:
 
 - drift at scale s: ``x*_s - x*_ref`` in log2 units (grid steps: divided by the grid's log2 step h);
 - regret at scale s: ``f_s(x*_ref) / f*_s - 1``, what reusing the reference's refined optimum costs there,
-  read off s's fitted curve (a lower bound when s's optimum is at its grid edge);
+  read off s's fitted curve;
 - the cost of one grid step at s: ``a_s h^2 / f*_s``.
 
 Intervals (``level``, 95% by default) come from a bootstrap over seeds: each resample redraws, at every
@@ -167,7 +167,6 @@ class ScaleStats:
     drift_interval: tuple[float, float] | None
     regret: float | None  # relative; inf when the reused rate diverges; None when it cannot be read
     regret_interval: tuple[float, float] | None
-    regret_lower_bound: bool = False  # this scale's optimum is at its grid edge
 
 
 @dataclass
@@ -191,10 +190,18 @@ def _bounds(values: np.ndarray, level: float) -> tuple[float, float] | None:
     return lo, hi
 
 
-def decisive_seeds(curve: Curve, lrs: Sequence[float]) -> int:
-    """Fewest seeds among the curve's argmin, its neighbours and ``lrs`` (those it has)."""
+def decisive_rates(curve: Curve, x_ref: float) -> list[float]:
+    """The rates whose seeds decide a curve's part of the verdict: its argmin, the argmin's neighbours, and
+    the grid rates on either side of the reference's refined optimum ``x_ref`` (where the regret is read)."""
     i = curve.lrs.index(curve.best_lr) if curve.best_lr in curve.lrs else 0
-    near = {curve.lrs[k] for k in range(max(0, i - 1), min(len(curve.lrs), i + 2))} | set(lrs)
+    below = [lr for lr in curve.lrs if math.log2(lr) <= x_ref]
+    above = [lr for lr in curve.lrs if math.log2(lr) >= x_ref]
+    return sorted(set(curve.lrs[max(0, i - 1):i + 2]) | set(below[-1:]) | set(above[:1]))
+
+
+def decisive_seeds(curve: Curve, x_ref: float) -> int:
+    """Fewest seeds at the curve's decisive rates."""
+    near = set(decisive_rates(curve, x_ref))
     counts = [n for lr, n in zip(curve.lrs, curve.n_seeds) if lr in near]
     return int(min(counts)) if counts else 0
 
@@ -206,10 +213,8 @@ def decide_transfer(curves: Sequence[Curve], step_log2: float | None, max_drift_
     curve must have a trustworthy optimum (edges are the caller's business). ``step_log2`` is the grid's
     log2 step (None on a grid that is not log-spaced: drift is then limited to ``max_drift_steps`` log2 units)."""
     h = step_log2 or 1.0
-    limit = max_drift_steps * h  # in log2 units
     fits = [fit(np.log2(c.lrs), np.asarray(c.loss)[None, :]) for c in curves]
-    ref = fits[0]
-    x_ref = ref.optimum
+    x_ref = fits[0].optimum
     rng = np.random.default_rng(seed)
     boots = [resample_means(c.seed_matrix, resamples, rng, level) if resamples > 0 else None for c in curves]
     noisy = all(b is not None for b in boots)
@@ -220,7 +225,7 @@ def decide_transfer(curves: Sequence[Curve], step_log2: float | None, max_drift_
     for k, (c, f) in enumerate(zip(curves, fits)):
         pooled = pooled_relative_sd(c.seed_matrix)
         st = ScaleStats(
-            scale=c.scale, seeds=decisive_seeds(c, [lr for lr in c.lrs if abs(math.log2(lr) - x_ref[0]) < h]),
+            scale=c.scale, seeds=decisive_seeds(c, float(x_ref[0])),
             seed_sd=pooled[0] if pooled else None, optimum_log2=float(f.optimum[0]),
             optimum_interval=_bounds(bfits[k].optimum, level) if noisy else None,
             step_cost=(float(f.curvature[0] * h * h / f.minimum[0]) if np.isfinite(f.curvature[0])
