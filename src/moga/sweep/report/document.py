@@ -60,14 +60,17 @@ DEFINITIONS = [
               "is the smallest drift consistent with where their optima can be."),
     ("Regret", "at each scale, the loss at the smallest scale's best grid lr minus that scale's best loss; "
                "relative: divided by the best loss. 'diverges' when that lr diverges there."),
-    ("Criterion", "transfers iff every scale's optimum is inside its grid and all grid optima lie within "
-                  "max_drift_steps grid steps (default one; on a grid that is not log-spaced: within max_drift_log2 "
-                  "log2 units, default 1) AND reusing the smallest scale's best lr costs at most max_regret "
-                  "(default 2%) of the best loss at every other scale and diverges nowhere; does not transfer when "
-                  "the drift, or its lower bound with edge curves, exceeds that, or when that lr diverges or costs "
-                  "more than max_regret at a larger scale; otherwise no verdict."),
-    ("Seeds", "intervals are percentile bootstraps: seeds redrawn with replacement per scale, the seed-mean "
-              "curves, optima, drift and slope recomputed for each of the resamples."),
+    ("Criterion", "with every optimum inside its grid: transfers iff the 95% seed intervals put the refined "
+                  "optimum's drift within max_drift_steps grid steps (default one; on a grid that is not log-spaced, "
+                  "max_drift_log2 log2 units) and the regret of reusing the smallest scale's refined optimum, read "
+                  "off each scale's fitted curve, within max_regret (default 2%) at every other scale; does not "
+                  "transfer when either is confidently beyond; inconclusive otherwise (one seed always is), with "
+                  "about how many seeds would decide it. With an optimum on the grid edge: does not transfer when "
+                  "even the smallest drift consistent with the edges exceeds the limit or the smallest scale's rate "
+                  "diverges at a larger scale; otherwise no verdict."),
+    ("Seeds", "the verdict's intervals resample each (scale, lr) point's seeds, widened to Student's t for few "
+              "seeds (moga.sweep.report.decision); the seed-spread paragraph's intervals are percentile "
+              "bootstraps of whole seeds per scale, for the optima, drift and slope."),
 ]
 
 

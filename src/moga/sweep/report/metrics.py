@@ -7,13 +7,11 @@
 - Curves at the grid edge only bound where their optimum is (below the lower edge, above the upper
   one). ``steps_at_least`` / ``log2_at_least`` is the smallest drift consistent with every curve,
   edges included: max over curves of the lowest possible position minus min of the highest.
-- Regret of transfer at a scale: L(lr_ref) - min L at that scale, where lr_ref is the grid optimum of
-  the smallest scale and L the seed-mean curve; relative = absolute / min L. ``inf`` ("diverges") when
-  lr_ref diverges there. A lower bound when that scale's own optimum is at the grid edge.
-- Transfer criterion (see :mod:`moga.sweep.report.verdict`): on a log-spaced grid, transfers iff every
-  scale has a trustworthy optimum, the grid-argmin drift is at most ``max_drift_steps`` (1) grid
-  steps (on an irregular grid, at most ``max_drift_log2`` (1.0) log2 units instead), and reusing the
-  smallest scale's optimum costs at most ``max_regret`` (2%) relative regret and diverges at no larger scale.
+- Regret of transfer at a scale (the grid table): L(lr_ref) - min L at that scale, where lr_ref is the grid
+  optimum of the smallest scale and L the seed-mean curve; relative = absolute / min L. ``inf``
+  ("diverges") when lr_ref diverges there. A lower bound when that scale's own optimum is at the grid edge.
+- The verdict reads the refined optima and the regret off fitted curves, with seed intervals
+  (:mod:`moga.sweep.report.decision`); :mod:`moga.sweep.report.verdict` states it.
 """
 
 from __future__ import annotations

@@ -34,9 +34,10 @@ def criterion_text(grid: Grid, max_drift_steps: int, max_drift_log2: float, max_
         span = _steps(max_drift_steps)
     else:
         span = f"{max_drift_log2:g} log2 units (the lr grid is not log-spaced, so grid steps are not used)"
-    return (f"transfers iff every scale's optimum is inside its lr grid, all grid optima lie within {span}, "
-            f"and reusing the smallest scale's best lr costs at most {100 * max_regret:g}% of the best loss "
-            "at every other scale (and diverges at none)")
+    return (f"transfers iff every scale's optimum is inside its lr grid and, with 95% seed intervals, the refined "
+            f"optimum's drift lies within {span} and reusing the smallest scale's refined optimum costs at most "
+            f"{100 * max_regret:g}% of the best loss at every other scale; does not transfer when either is "
+            "confidently beyond; otherwise inconclusive")
 
 
 def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float,
