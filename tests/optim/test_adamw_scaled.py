@@ -22,6 +22,17 @@ class TinyLM(nn.Module):
         return self.head(self.norm(h))
 
 
+def train_side_by_side(*pairs, steps: int):
+    """``steps`` next-token steps of each (model, optimizer) pair on the same random batches (logits in float32)."""
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        tokens = torch.randint(0, 20, (4, 7), generator=gen)
+        for model, o in pairs:
+            o.zero_grad()
+            nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+            o.step()
+
+
 def mup_adam_groups(model, lr, wd):
     """muP's Adam rule (Tensor Programs V, Table 3), written out directly: hidden and output weights
     take lr/fan_in; embeddings, biases and gains take lr. Decay is rescaled so lr*wd is the same, and
@@ -44,13 +55,7 @@ def test_equals_mup_adam(wd):
     ref.load_state_dict(ours.state_dict())
     opt = ScaledAdamW(ours, lr=0.05, weight_decay=wd)
     ref_opt = torch.optim.AdamW(mup_adam_groups(ref, 0.05, wd), betas=(0.9, 0.999), eps=1e-8, foreach=False)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(8):
-        tokens = torch.randint(0, 20, (4, 7), generator=gen)
-        for model, o in ((ours, opt), (ref, ref_opt)):
-            o.zero_grad()
-            nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
-            o.step()
+    train_side_by_side((ours, opt), (ref, ref_opt), steps=8)
     for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
 
@@ -73,12 +78,6 @@ def test_bfloat16_with_bfloat16_state_steps_in_torchs_fused_kernel(wd):
     ref.load_state_dict(ours.state_dict())
     opt = ScaledAdamW(ours, lr=0.05, weight_decay=wd, state_dtype=torch.bfloat16)
     ref_opt = torch.optim.AdamW(mup_adam_groups(ref, 0.05, wd), betas=(0.9, 0.999), eps=1e-8, fused=True)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(4):
-        tokens = torch.randint(0, 20, (4, 7), generator=gen)
-        for model, o in ((ours, opt), (ref, ref_opt)):
-            o.zero_grad()
-            nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
-            o.step()
+    train_side_by_side((ours, opt), (ref, ref_opt), steps=4)
     for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
         assert torch.equal(a, b), name
