@@ -1,6 +1,8 @@
 """Every reproduction's grids, at every scale, expand into valid training configs, without training."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +94,25 @@ def test_merge_replaces_axes_whole_and_data_is_chosen():
     assert merged == {"axes": {"a": {"by": "x", "values": {"p": [3]}}}, "base": {"m": {"w": 5, "d": 2}}}
     assert get("depth-mlp").sweep("cpu", data="cifar10").base["data"]["name"] == "cifar10"
     assert get("depth-mlp").sweep("quick").base["data"]["name"] == "digits"
+
+
+def test_seed_estimate_brackets_the_seeds_a_stored_reproduction_added():
+    """depth-mlp's stored CPU outcome: the grid ran one seed per cell, the decision added the rest."""
+    from moga.experiments.reproduce.catalog import estimate
+
+    stored = json.loads((Path(__file__).parents[3] / "docs/reproduce/cpu/depth-mlp.json").read_text())
+    e = estimate(get("depth-mlp"), "cpu")
+    added = len(stored["cells"]) - e["cells"]
+    assert e["cells"] == sum(c["seed"] == 0 for c in stored["cells"])
+    lo, hi = e["seed_cells"]
+    assert lo <= added <= hi, (lo, added, hi)
+    assert 0 < e["seed_seconds"][0] < e["seed_seconds"][1]
+
+
+def test_seed_estimate_follows_the_seed_options_and_the_kind():
+    from moga.experiments.reproduce.catalog import estimate
+
+    one = estimate(get("depth-mlp"), "cpu", min_seeds=1, max_seeds=1)
+    assert one["seed_cells"] == (0, 0) and one["seed_seconds"] == (0.0, 0.0)
+    assert estimate(get("quality"), "cpu")["seed_cells"] == (0, 0)  # its grid has the seeds
+    assert estimate(get("convergence"), "cpu")["seed_cells"] == (0, 0)

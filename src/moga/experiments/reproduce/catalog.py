@@ -212,23 +212,47 @@ def _conv_macs(model, inputs: dict) -> float:
     return macs
 
 
-def estimate(rep: Reproduction, scale: str = "cpu", cores: int = 2) -> dict:
-    """Cells and estimated wall time on ``cores`` free cores (one worker each) of a quiet CPU."""
+# The decisive rates of a panel at one scale (moga.sweep.seeds): the argmin and its two neighbours, plus the two
+# rates around the reference's optimum, which often coincide with them.
+DECISIVE_RATES = (3, 5)
+
+
+def estimate(rep: Reproduction, scale: str = "cpu", cores: int = 2, min_seeds: int = 3, max_seeds: int = 6) -> dict:
+    """Cells and estimated wall time on ``cores`` free cores (one worker each) of a quiet CPU: the grid's
+    (``cells``, ``seconds``), and the range the added seeds cost (``seed_cells``, ``seed_seconds``: (low, high)).
+    Low: every panel decided with ``min_seeds`` seeds at 3 rates per scale; high: every panel inconclusive,
+    ``max_seeds`` seeds at 5 rates. A race adds ``min_seeds`` seeds at each contender's best rate per budget."""
     if rep.kind == "convergence":
         from moga.experiments.smoothness.convergence import convergence_settings
 
         s = convergence_settings(**rep.settings(scale))
-        return {"cells": None, "seconds": _convergence_seconds(s) / cores, "flops": None}
+        return {"cells": None, "seconds": _convergence_seconds(s) / cores, "flops": None,
+                "seed_cells": (0, 0), "seed_seconds": (0.0, 0.0)}
     sweep = rep.sweep(scale)
     seen: dict[str, dict] = {}
     costs = []
+    panels: dict[str, list] = {}  # cells that differ only in lr and seed: one curve of one panel at one scale
     for c in sweep.cells:  # cells that differ only in optimizer settings or seed cost the same: one model each
         key = json.dumps({k: v for k, v in c.items() if not k.startswith("optim.") and k != "seed"}, sort_keys=True)
         if key not in seen:
             seen[key] = cell_cost(sweep.config(c))
         costs.append(seen[key])
+        curve = json.dumps({k: v for k, v in c.items() if k not in ("optim.lr", "seed")}, sort_keys=True)
+        panels.setdefault(curve, []).append(seen[key]["seconds"])
+    seed_cells, seed_seconds = [0, 0], [0.0, 0.0]
+    for times in panels.values():
+        if rep.kind in ("transfer", "joint"):
+            added = [min(r, len(times)) * (n - 1) for r, n in zip(DECISIVE_RATES, (min_seeds, max_seeds))]
+        elif rep.kind == "race":  # one curve per contender and budget; its best rate gets the seeds
+            added = [min_seeds - 1] * 2
+        else:  # quality: the grid already has its seeds
+            added = [0, 0]
+        for i in (0, 1):
+            seed_cells[i] += added[i]
+            seed_seconds[i] += added[i] * times[0] / cores  # a curve's cells differ in lr and seed only: same cost
     return {"cells": len(sweep.cells), "seconds": sum(c["seconds"] for c in costs) / cores,
-            "flops": sum(c["flops"] for c in costs)}
+            "flops": sum(c["flops"] for c in costs), "seed_cells": tuple(seed_cells),
+            "seed_seconds": tuple(seed_seconds)}
 
 
 def _convergence_seconds(s: dict) -> float:

@@ -16,8 +16,9 @@ def reproduce_command(
     name: str = typer.Argument(None, help="a reproduction (see --list), or all"),
     quick: bool = typer.Option(False, "--quick", help="the miniature: digits or tiny models, about a minute each; "
                                "checks the code path, its verdict says nothing about the paper"),
-    scale: str = typer.Option("cpu", "--scale", help="cpu (default: each within ~30 min on 2 cores) or paper "
-                              "(the papers' setups, for a GPU machine or a Ray cluster)"),
+    scale: str = typer.Option("cpu", "--scale", help="cpu (default: each grid within ~30 min on 2 cores, plus the "
+                              "seeds added where a decision is close; see --list) or paper (the papers' setups, "
+                              "for a GPU machine or a Ray cluster)"),
     out: Path = typer.Option(None, "--out", "-o", help="output directory (default runs/reproduce/<scale>/<name>; "
                              "with all: the parent of one directory per reproduction)"),
     workers: int = typer.Option(2, "--workers", "-w", min=1, help="worker processes (or Ray tasks)"),
@@ -105,8 +106,18 @@ def _list(scale: str) -> None:
         table.add_column(col, overflow="fold")
     for name, rep in catalog().items():
         e = estimate(rep, scale)
-        minutes = e["seconds"] / 60
-        time_text = f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.0f} h"
-        table.add_row(name, rep.paper, rep.figure, rep.claim, "-" if e["cells"] is None else str(e["cells"]),
+        cells = "-" if e["cells"] is None else str(e["cells"]) + _added(*e["seed_cells"], str)
+        time_text = _duration(e["seconds"]) + _added(*e["seed_seconds"], _duration)
+        table.add_row(name, rep.paper, rep.figure, rep.claim, cells,
                       time_text + ("" if scale != "paper" else " (CPU; a GPU is far faster)"))
     Console(width=160).print(table)
+
+
+def _added(lo, hi, text) -> str:
+    """" + 40-200 seeds": what the seeds added where a decision is close cost, if anything."""
+    return "" if not hi else f" + {text(lo)} seeds" if text(lo) == text(hi) else f" + {text(lo)}-{text(hi)} seeds"
+
+
+def _duration(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.0f} h"
