@@ -152,6 +152,31 @@ def test_the_ablation_compares_each_value_at_its_own_tuned_lr(tmp_path):
     assert "geometries.readout=sign" in text and "-5.0%" in text
 
 
+def test_the_ablation_against_a_baseline_gives_each_value_its_gap_to_the_best_tuned_baseline(tmp_path):
+    """Each value at its own tuned lr against the best of the baseline sweep's optimizers at its own tuned lr:
+    AdamW (floor 1.0, optimum 2^-9) beats Muon (1.02) and is the reference; sign's 0.95 is 5% below it."""
+    spec = sweep_dict()
+    spec["axes"] = {"optim.geometries.readout": ["row(p=2)", "sign"], "model.n_embd": [64, 256], "seed": SEEDS,
+                    "optim.lr": {"pow2": [-6, -2]}}
+    shape = {"row(p=2)": (-4, 1.04), "sign": (-3, 0.95)}
+    store_losses(tmp_path / "moga", Sweep.from_dict(spec), lambda p: parabola(*shape[p["optim.geometries.readout"]])(
+        p["optim.lr"]) * (1 + 0.001 * p["seed"]))
+    rivals = sweep_dict()
+    rivals["axes"] = {"optim.name": ["adamw", "muon"], "model.n_embd": [64, 256], "seed": SEEDS,
+                      "optim.lr": {"by": "optim.name", "values": {"adamw": LRS["adamw"], "muon": LRS["muon"]}}}
+    floor = {"adamw": (-9, 1.0), "muon": (-6, 1.02)}
+    store_losses(tmp_path / "rivals", Sweep.from_dict(rivals), lambda p: parabola(*floor[p["optim.name"]])(
+        p["optim.lr"]) * (1 + 0.001 * p["seed"]))
+    text = quality.ablation_report(tmp_path / "moga", tmp_path / "rivals")
+    entries = json.loads((tmp_path / "moga" / "ablation-baseline.json").read_text())
+    assert all(e["reference"] == {"name": "adamw", "lr": 2.0**-9, "lr_on_edge": False} for e in entries)
+    gaps = {(e["scale"], e["variant"]["optim.geometries.readout"]): e["relative"] for e in entries}
+    assert gaps == pytest.approx({(64, "row(p=2)"): 0.04, (256, "row(p=2)"): 0.04, (64, "sign"): -0.05,
+                                  (256, "sign"): -0.05}, abs=1e-9)
+    assert all(e["moves"] for e in entries)
+    assert "vs tuned adamw" in text and "adamw tuned at width 256: lr 0.00195312" in text
+
+
 def test_the_shipped_quality_reproduction_is_judged_by_this_module():
     rep = get("quality")
     assert rep.kind == "quality" and rep.raw["quality"]["baselines"] == ["adamw", "muon"]

@@ -229,10 +229,12 @@ def _finite(value):
 # --- the ablation ----------------------------------------------------------------------------------------
 
 def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key: str = "optim.lr",
-             seed_key: str = "seed", metric: str = "train_loss", resamples: int = RESAMPLES) -> list[dict]:
+             seed_key: str = "seed", metric: str = "train_loss", resamples: int = RESAMPLES,
+             baseline: list[dict] | None = None) -> list[dict]:
     """Each combination of the ablated axes (every axis but scale, lr and seed) at its own tuned lr against the
     default (each axis' first value), per width: relative loss with its interval; ``moves`` when the interval
-    excludes 0."""
+    excludes 0. With ``baseline`` (the rows of another sweep, e.g. AdamW's), each combination is compared with
+    the baseline tuned at that width instead (the optimizer of lowest seed mean at its own best lr): the gap."""
     choice_keys = [k for k in axes if k not in (scale_key, lr_key, seed_key)]
     plain = [k for k in choice_keys if not isinstance(axes[k], list)]
     if plain:
@@ -242,26 +244,45 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
                       key=lambda v: (dict(zip(choice_keys, v)) != default, str(v)))  # the default first
     out = []
     for scale in sorted({r[scale_key] for r in rows}):
-        ref_grid = seed_losses(rows, {**default, scale_key: scale}, lr_key, seed_key, metric)
-        ref_lr = best_lr(ref_grid)
+        if baseline is None:
+            reference = {"name": "default"}
+            ref_grid = seed_losses(rows, {**default, scale_key: scale}, lr_key, seed_key, metric)
+            ref_lr = best_lr(ref_grid)
+        else:
+            reference, ref_grid, ref_lr = _tuned_baseline(baseline, scale_key, scale, lr_key, seed_key, metric)
         for values in variants:
             variant = dict(zip(choice_keys, values))
             grid = seed_losses(rows, {**variant, scale_key: scale}, lr_key, seed_key, metric)
             lr = best_lr(grid)
             entry = {"scale": scale, "variant": variant, "default": variant == default, "lr": lr,
-                     "lr_on_edge": lr is not None and lr in (min(grid), max(grid))}
+                     "lr_on_edge": lr is not None and lr in (min(grid), max(grid)), "reference": reference}
             if lr is None or ref_lr is None:
                 out.append({**entry, "note": "no finite tuned loss"})
                 continue
             a, b = list(grid[lr].values()), list(ref_grid[ref_lr].values())
             point, low, high = relative_interval(a, b, resamples=resamples)
-            out.append({**entry, "loss": _mean(a), "losses": a, "default_loss": _mean(b), "relative": point,
+            out.append({**entry, "loss": _mean(a), "losses": a, "reference_loss": _mean(b), "relative": point,
                         "low": low, "high": high, "moves": not (low <= 0 <= high)})
     return out
 
 
+def _tuned_baseline(rows: list[dict], scale_key: str, scale, lr_key: str, seed_key: str, metric: str):
+    """({name, lr, lr_on_edge}, its {lr: {seed: loss}}, its lr) of the optimizer of lowest seed mean at its own
+    best lr at this width; the lr is None when no optimizer has a finite loss there."""
+    best = None
+    for name in sorted({r.get("optim.name") for r in rows if _same(r.get(scale_key), scale)}, key=str):
+        grid = seed_losses(rows, {"optim.name": name, scale_key: scale}, lr_key, seed_key, metric)
+        lr = best_lr(grid)
+        if lr is not None and (best is None or _mean(grid[lr].values()) < _mean(best[1][best[2]].values())):
+            best = ({"name": name, "lr": lr, "lr_on_edge": lr in (min(grid), max(grid))}, grid, lr)
+    return best or ({"name": "baseline"}, {}, None)
+
+
 def ablation_table(entries: list[dict]) -> str:
-    lines = ["| width | variant | tuned lr | loss (seed mean) | vs default [95%] | moves |", "|---|---|---|---|---|---|"]
+    ref = entries[0]["reference"] if entries else {"name": "default"}
+    against = "default" if ref["name"] == "default" else "tuned " + ref["name"]
+    lines = [f"| width | variant | tuned lr | loss (seed mean) | vs {against} [95%] | moves |",
+             "|---|---|---|---|---|---|"]
     for e in entries:
         name = (", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in e["variant"].items())  # optim.p -> p
                 + (" (default)" if e["default"] else ""))
@@ -271,11 +292,16 @@ def ablation_table(entries: list[dict]) -> str:
         lr = f"{e['lr']:g}" + (" (edge)" if e["lr_on_edge"] else "")
         lines.append(f"| {e['scale']} | {name} | {lr} | {e['loss']:.4f} | {_pct(e['relative'])} [{_pct(e['low'])}, "
                      f"{_pct(e['high'])}] | {'yes' if e['moves'] else 'no'} |")
-    return "\n".join(lines)
+    tuned = {e["scale"]: e for e in entries if e["reference"].get("lr") is not None and "relative" in e}
+    notes = [f"{e['reference']['name']} tuned at width {scale}: lr {e['reference']['lr']:g}"
+             + (" (edge)" if e["reference"]["lr_on_edge"] else "") + f", loss {e['reference_loss']:.4f}"
+             for scale, e in tuned.items()]
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def ablation_report(run_dir: Path) -> str:
-    """The ablation table of a sweep run directory (``moga sweep configs/sweeps/ablation_*.yaml --out RUN_DIR``)."""
+def ablation_report(run_dir: Path, baseline_dir: Path | None = None) -> str:
+    """The ablation table of a sweep run directory (``moga sweep configs/sweeps/ablation_*.yaml --out RUN_DIR``);
+    with ``baseline_dir`` (a sweep of a baseline optimizer over the same widths) each value against it."""
     from moga.sweep.results import records
     from moga.sweep.store import SweepStore
 
@@ -284,8 +310,14 @@ def ablation_report(run_dir: Path) -> str:
     rows = records(store)
     if not rows:
         raise SystemExit(f"{run_dir}: no settled cell yet")
-    entries = ablation(rows, spec["axes"], scale_key=spec["scale_key"], lr_key=spec["lr_key"])
-    (Path(run_dir) / "ablation.json").write_text(json.dumps(_finite(entries), indent=1) + "\n")
+    baseline = None
+    if baseline_dir is not None:
+        baseline = records(SweepStore(baseline_dir))
+        if not baseline:
+            raise SystemExit(f"{baseline_dir}: no settled cell yet")
+    entries = ablation(rows, spec["axes"], scale_key=spec["scale_key"], lr_key=spec["lr_key"], baseline=baseline)
+    name = "ablation.json" if baseline is None else "ablation-baseline.json"
+    (Path(run_dir) / name).write_text(json.dumps(_finite(entries), indent=1) + "\n")
     return ablation_table(entries)
 
 
@@ -308,9 +340,13 @@ def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
     return f"{spec['lr_key']} tuned at width {cells[0]['tuned_at']}, against each width's own best\n" + table(cells)
 
 
-USAGE = "usage: python -m moga.experiments.reproduce.quality ablation|transfer RUN_DIR"
+USAGE = "usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [--baseline RUN_DIR] | transfer RUN_DIR"
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("ablation", "transfer"):
+    args = sys.argv[1:]
+    if args[:1] == ["ablation"] and len(args) == 4 and args[2] == "--baseline":
+        print(ablation_report(Path(args[1]), Path(args[3])))
+    elif len(args) == 2 and args[0] in ("ablation", "transfer"):
+        print((ablation_report if args[0] == "ablation" else transfer_report)(Path(args[1])))
+    else:
         raise SystemExit(USAGE)
-    print((ablation_report if sys.argv[1] == "ablation" else transfer_report)(Path(sys.argv[2])))
