@@ -1,4 +1,6 @@
-"""The numerics behind the geometries: ``phi_p`` and l_p norms along some axes, at any magnitude, sync-free.
+"""The numerics behind the geometries: ``phi_p``, l_p norms along some axes and the momentum direction,
+at any magnitude, sync-free. Each is written once here; the optimizers' readable core
+(:mod:`moga.optim.functional`) and the compiled kernel (:mod:`moga.kernels.reference`) call these.
 
 ``phi_p(g) = sign(g) |g|^(p-1) / ||g||_p^(p-1)`` (docs/math.md §1.1) is computed per row or per column
 of a tensor, with temporaries in an optional :class:`~moga.workspace.Workspace`. Powers of ``|g|`` under-
@@ -175,6 +177,16 @@ def phi(g: torch.Tensor, p: float, dims: tuple[int, ...], reduce: Reduce | None 
         return _peak_sign(g, dims, reduce)
     t, s = _direction(g, p, dims, None, reduce)
     return t * s
+
+
+def direction(g: torch.Tensor, m: torch.Tensor | None, beta: float, nesterov: bool,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """The step's direction from the gradient ``g`` and its momentum EMA ``m`` (already updated,
+    ``m <- lerp(m, g, 1 - beta)``): ``lerp(g, m, beta)`` with Nesterov, else ``m``; ``g`` without momentum
+    (``m`` None). ``out`` receives a Nesterov direction (the other two are ``m`` or ``g`` themselves)."""
+    if m is None:
+        return g
+    return torch.lerp(g, m, beta, out=out) if nesterov else m
 
 
 def add_scaled_(param: torch.Tensor, t: torch.Tensor, c: Scalar) -> None:

@@ -8,7 +8,8 @@ B x N rows or columns:
     d <- lerp(g, m, momentum) if nesterov else m       (or g without momentum)
     W <- decay * W + c * phi_p(d)                      (decay = 1 - lr*wd, c = -lr * geometry factor)
 
-with ``phi_p(d) = sign(d) |d|^(p-1) / ||d||_p^(p-1)`` (0 for a zero row; ``sign(d)`` for p = 1). Math
+with ``phi_p(d) = sign(d) |d|^(p-1) / ||d||_p^(p-1)`` (0 for a zero row; ``sign(d)`` for p = 1): ``phi`` and
+``direction`` are :mod:`moga.numerics`' own, the ones the plain path and :mod:`moga.optim.functional` use. Math
 is in float32 for float32 and bfloat16 tensors, float64 for float64. ``found_inf`` (a 0-dim tensor)
 leaves everything as it was when nonzero, without a host sync.
 """
@@ -17,22 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from moga.numerics import direction, phi
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def phi(d: torch.Tensor, p: float) -> torch.Tensor:
-    """phi_p along dim 1 of a (B, K, N) tensor, exact at any magnitude: the row is divided by its max."""
-    if p == 1:
-        return torch.sign(d)
-    a = d.abs()
-    peak = a.amax(dim=1, keepdim=True)
-    a = a / torch.where(peak > 0, peak, torch.ones_like(peak))
-    u = a.pow(p - 1)
-    total = (a * u).sum(dim=1, keepdim=True)
-    scale = torch.where(total > 0, total, torch.ones_like(total)).pow(-(p - 1) / p)
-    return u.copysign(d) * torch.where(total > 0, scale, torch.zeros_like(scale))
 
 
 def tensor_step_(
@@ -41,11 +31,8 @@ def tensor_step_(
 ) -> None:
     compute = compute_dtype(param.dtype)
     g = grad.reshape(shape).to(compute)
-    d = g
-    if buf is not None:
-        m = buf.reshape(shape).to(compute).lerp(g, 1 - momentum)
-        d = torch.lerp(g, m, momentum) if nesterov else m
-    w = param.reshape(shape).to(compute) * decay + c * phi(d, p)
+    m = None if buf is None else buf.reshape(shape).to(compute).lerp(g, 1 - momentum)  # out of place: found_inf
+    w = param.reshape(shape).to(compute) * decay + c * phi(direction(g, m, momentum, nesterov), p, (1,))
     if found_inf is not None:  # keep the old values where the step is skipped
         keep = found_inf.to(param.device) != 0
         w = torch.where(keep, param.reshape(shape).to(compute), w)
