@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from moga.geometry import INF, Col, Embedding, Row, Sign, Spectral, Vector, parse_geometry
+from moga.geometry import INF, Col, Embedding, Row, Sign, Spectral, Vector, dual_exponent, parse_geometry
 from moga.layout import Layout
 
 
@@ -383,3 +383,28 @@ def test_reduced_dims_name_what_needs_communication():
     assert Spectral().reduced_dims("boi") == (1, 2)
     with pytest.raises(ValueError, match="whole matrices"):
         Spectral().lmo(torch.randn(4, 4), reduce=lambda t, op: t)
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=ids)
+@pytest.mark.parametrize("shape, layout", CASES + [((6, 3, 5), "ioi"), ((5, 7), "io")])
+def test_kernel_plan_is_the_lmo_along_its_view(geom, shape, layout):
+    """Where a geometry gives the fused kernel's form, ``-factor * phi_p`` along K of the (B, K, N) view is
+    its LMO; it gives none only where the kernel cannot take it (p = inf, axes that are not adjacent)."""
+    lay = Layout(layout)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(7))
+    planned = geom.kernel_plan(shape, lay)
+    assert geom.has_kernel_form == isinstance(geom, (Row, Col, Sign))
+    if not geom.has_kernel_form:
+        assert planned is None
+        return
+    p = 1.0 if isinstance(geom, Sign) else geom.p if isinstance(geom, Row) else dual_exponent(geom.q)
+    dims = lay.in_dims if isinstance(geom, Row) else lay.out_dims
+    if p == INF or (p != 1 and list(dims) != list(range(dims[0], dims[-1] + 1))):
+        assert planned is None
+        return
+    (b, k, n), p_kernel, factor = planned
+    assert p_kernel == p and b * k * n == g.numel()
+    view = g.reshape(b, k, n)
+    phi = torch.sign(view) if p == 1 else view.sign() * view.abs() ** (p - 1) / torch.linalg.vector_norm(
+        view, ord=p, dim=1, keepdim=True) ** (p - 1)
+    torch.testing.assert_close((-factor * phi).reshape(shape), geom.lmo(g, lay))

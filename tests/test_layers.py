@@ -14,7 +14,7 @@ import moga
 LAYERS = [
     ["moga.hardware", "moga.layout", "moga.workspace", "moga.numerics", "moga.orthogonalize", "moga.geometry",
      "moga.roles", "moga.status", "moga.kernels", "moga.filelock"],
-    ["moga.optim", "moga.depth", "moga.models", "moga.distributed"],
+    ["moga.optim", "moga.depth", "moga.models"],
     ["moga.smoothness"],
     ["moga.data", "moga.train", "moga.integrations"],
     ["moga.sweep"],

@@ -28,6 +28,7 @@ import functools
 import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -37,7 +38,7 @@ from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS, NS_EPS
 from moga.workspace import Workspace, scratch
 
 __all__ = [
-    "INF", "Col", "Embedding", "Geometry", "Row", "Sign", "Spectral", "Vector", "dual_exponent",
+    "INF", "Col", "Embedding", "Geometry", "KernelPlan", "Row", "Sign", "Spectral", "Vector", "dual_exponent",
     "parse_geometry", "phi",
 ]
 
@@ -69,6 +70,28 @@ def check_exponent(name: str, p: float) -> float:
     if math.isnan(p) or p < 1:
         raise ValueError(f"{name} must be a real number >= 1 (or inf), got {p}")
     return p
+
+
+class KernelPlan(NamedTuple):
+    """A step the fused kernel takes: ``-factor * phi_p`` along K of the tensor's (B, K, N) view."""
+
+    shape: tuple[int, int, int]  # (B, K, N)
+    p: float
+    factor: float
+
+    @staticmethod
+    def along(shape, dims: tuple[int, ...], p: float, factor: float) -> KernelPlan | None:
+        """``phi_p`` along the tensor dims ``dims``; None for p = inf (no kernel form) or dims that are not
+        adjacent (no (B, K, N) view). p = 1 is elementwise: any rows will do."""
+        if p == INF:
+            return None
+        if p == 1:
+            last = shape[-1] if len(shape) else 1
+            return KernelPlan((math.prod(shape) // last, last, 1), 1.0, factor)
+        if list(dims) != list(range(dims[0], dims[-1] + 1)):
+            return None
+        return KernelPlan((math.prod(shape[: dims[0]]), math.prod(shape[dims[0]: dims[-1] + 1]),
+                           math.prod(shape[dims[-1] + 1:])), p, factor)
 
 
 class Geometry(metaclass=_ZeroSizeSafe):
@@ -104,6 +127,16 @@ class Geometry(metaclass=_ZeroSizeSafe):
     def sign_scale(self, shape, layout: str | Layout | None = None) -> float | None:
         """c when the LMO is ``-c * sign(G)``, else None. Rescaled AdamW swaps sign(G) for Adam's direction."""
         return None
+
+    def kernel_plan(self, shape, layout: Layout) -> KernelPlan | None:
+        """The LMO in the fused kernel's form for a tensor of this shape (``layout``'s fan_in and fan_out may
+        be a whole tensor's, a shard's shape aside); None where it has none (spectral, vector, p = inf)."""
+        return None
+
+    @property
+    def has_kernel_form(self) -> bool:
+        """Whether the fused kernel can take this geometry at all (it defines :meth:`kernel_plan`)."""
+        return type(self).kernel_plan is not Geometry.kernel_plan
 
     def _layout(self, t: torch.Tensor, layout) -> Layout:
         return resolve_layout(layout, t)
@@ -155,6 +188,9 @@ class Row(Geometry):
     def sign_scale(self, shape, layout=None):
         return 1 / max(_dims(shape, layout)[1], 1) if self.p == 1 else None
 
+    def kernel_plan(self, shape, layout):
+        return KernelPlan.along(shape, layout.in_dims, self.p, layout.fan_in(shape) ** (-1 / self.p))
+
 
 @dataclass(frozen=True)
 class Col(Geometry):
@@ -191,6 +227,9 @@ class Col(Geometry):
 
     def sign_scale(self, shape, layout=None):
         return 1 / max(_dims(shape, layout)[1], 1) if self.q == INF else None
+
+    def kernel_plan(self, shape, layout):  # also Embedding's, whose _scale drops the 1/n
+        return KernelPlan.along(shape, layout.out_dims, dual_exponent(self.q), self._scale(shape, layout))
 
 
 @dataclass(frozen=True)
@@ -234,6 +273,9 @@ class Sign(Geometry):
 
     def sign_scale(self, shape, layout=None):
         return 1 / max(_dims(shape, layout)[1], 1)
+
+    def kernel_plan(self, shape, layout):
+        return KernelPlan.along(shape, (), 1.0, 1 / layout.fan_in(shape))
 
 
 @dataclass(frozen=True)

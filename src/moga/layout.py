@@ -77,6 +77,28 @@ class Layout:
         return permuted.permute(tuple(order.index(d) for d in range(len(shape))))
 
 
+@dataclass(frozen=True)
+class ShardLayout(Layout):
+    """A layout whose fan_in/fan_out are those of the global tensor ``shape``, applied to a local shard: a
+    geometry's factors count the whole matrix, so the geometries need not know about sharding."""
+
+    shape: tuple[int, ...] = ()
+
+    def fan_out(self, shape) -> int:
+        self.check(shape)
+        return math.prod([self.shape[d] for d in self.out_dims])
+
+    def fan_in(self, shape) -> int:
+        self.check(shape)
+        return math.prod([self.shape[d] for d in self.in_dims])
+
+    def to_matrix(self, t):
+        return Layout(self.spec).to_matrix(t)
+
+    def from_matrix(self, mat, shape):
+        return Layout(self.spec).from_matrix(mat, shape)
+
+
 @lru_cache(maxsize=None)
 def as_layout(spec: str | Layout) -> Layout:
     return spec if isinstance(spec, Layout) else Layout(spec)

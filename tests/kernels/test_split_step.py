@@ -12,7 +12,7 @@ import torch
 from moga.geometry import parse_geometry
 from moga.kernels import fused_lmo_step_, fused_split_step_
 from moga.layout import Layout
-from moga.optim.sharded import ShardLayout
+from moga.layout import ShardLayout
 
 from .test_lmo_step import TOL, built  # noqa: F401  (the session's one build)
 

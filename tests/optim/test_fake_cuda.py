@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-import moga.kernels
+import moga.kernels.available
 from moga.hardware import assume
 from moga.optim import MOGA, Muon, ScaledAdamW
 
@@ -90,7 +90,7 @@ def traced_step(name: str, precision: str, kernel: str, steps: int = 2):
 def fused_cuda_step(monkeypatch):
     """kernel="auto" as on a GPU machine: triton present and the compiled step available (its custom op's
     fake kernel stands in; the compiled step itself is tested in tests/kernels)."""
-    monkeypatch.setitem(moga.kernels._unavailable, "cuda", "")
+    monkeypatch.setitem(moga.kernels.available._unavailable, "cuda", "")
     with assume(triton=True):
         yield
 

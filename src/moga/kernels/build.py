@@ -25,6 +25,9 @@ import torch
 
 from moga.filelock import exclusive_lock
 
+# torch.utils.cpp_extension is imported where a build needs it, deferred on purpose: it pulls in
+# setuptools, which ``import moga`` has no use for.
+
 SOURCE = Path(__file__).with_name("lmo_step.cpp")
 
 # at::vec picks its implementation from these macros; the flags must match (vec256 needs AVX2 + FMA).
@@ -46,18 +49,15 @@ def capability() -> str:
 def build_directory(name: str) -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if root is None:
-        from torch.utils.cpp_extension import get_default_build_root
-
         tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}".replace("+", "_")
-        root = os.path.join(get_default_build_root(), tag)
+        root = os.path.join(_cpp_extension().get_default_build_root(), tag)
     return Path(root) / name
 
 
 def toolchain(flags: list[str]) -> list[str]:
     """What the build's command lines name besides the source: torch's and Python's include paths, torch's
     library paths (all inside one virtualenv), the compiler torch will call, and the flags."""
-    from torch.utils import cpp_extension
-
+    cpp_extension = _cpp_extension()
     compiler = os.environ.get("CXX", "c++")
     python_include = sysconfig.get_path("include", scheme="posix_prefix") or ""
     return [*cpp_extension.include_paths(), python_include, *cpp_extension.library_paths(),
@@ -71,6 +71,12 @@ def build_tag(name: str, code: bytes, tools: list[str]) -> str:
     for part in tools:
         digest.update(b"\0" + part.encode())
     return f"{name}_{digest.hexdigest()[:12]}"
+
+
+def _cpp_extension():
+    from torch.utils import cpp_extension
+
+    return cpp_extension
 
 
 @contextmanager
@@ -99,8 +105,6 @@ def load_extension(verbose: bool = False):
     it cannot be built."""
     global _module
     if _module is None:
-        from torch.utils import cpp_extension
-
         name, code, flags, directory = build_plan()
         with _build_lock(directory):
             source = directory / SOURCE.name
@@ -110,7 +114,7 @@ def load_extension(verbose: bool = False):
                 print(f"moga: building the fused C++ kernel once (~20 s), cached in {directory}", file=sys.stderr,
                       flush=True)
             try:
-                cpp_extension.load(
+                _cpp_extension().load(
                     name=name, sources=[str(source)], extra_cflags=list(flags),
                     extra_ldflags=list(LDFLAGS),  # a copy: torch appends to it
                     build_directory=str(directory), verbose=verbose, is_python_module=False,

@@ -28,33 +28,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from moga.layout import Layout
+from moga.layout import Layout, ShardLayout
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a ``DTensor`` (an alias: in-place updates reach the parameter), else ``t``."""
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-@dataclass(frozen=True)
-class ShardLayout(Layout):
-    """A layout whose fan_in/fan_out are those of the global tensor, applied to a local shard."""
-
-    shape: tuple[int, ...] = ()
-
-    def fan_out(self, shape) -> int:
-        self.check(shape)
-        return math.prod([self.shape[d] for d in self.out_dims])
-
-    def fan_in(self, shape) -> int:
-        self.check(shape)
-        return math.prod([self.shape[d] for d in self.in_dims])
-
-    def to_matrix(self, t):
-        return Layout(self.spec).to_matrix(t)
-
-    def from_matrix(self, mat, shape):
-        return Layout(self.spec).from_matrix(mat, shape)
 
 
 def needs_whole(geometry, layout: Layout | None) -> bool:
