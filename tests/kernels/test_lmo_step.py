@@ -307,3 +307,29 @@ def test_builds_are_keyed_by_every_path_and_flag_ninja_sees(built, monkeypatch):
     assert build_tag(name, code, [*tools[:-1], "-O2"]) != build_tag(name, code, tools)
     monkeypatch.setenv("CXX", "clang++")  # another compiler: its own build
     assert build_tag(name, code, toolchain([*flags, *LDFLAGS])) != directory.name
+
+
+def test_the_library_ops_refuse_bad_tensors_with_a_clear_error(built):
+    """One check for every op, of every tensor before any is touched: a shape that does not match, mixed
+    dtypes, a strided view."""
+    w, g, m = torch.randn(4, 6), torch.randn(4, 6), torch.randn(4, 6)
+    step = lambda w, g, m, shape=(4, 6, 1): built.lmo_step([w], [g], [m], None, list(shape), [-0.1], 2.0, 0.9, False, 1.0)
+    partials = lambda g, m, shape=(4, 6, 1): built.lmo_partials([g], [m], None, list(shape), 2.0, 0.9, False)
+    bad = [
+        (lambda: step(w, g, m, (4, 5, 1)), "moga lmo_step: shape (4, 5, 1) does not match a tensor of 24 elements"),
+        (lambda: step(w, g.double(), m), "moga lmo_step: parameter, gradient and buffer dtypes differ"),
+        (lambda: step(w, g, m.T.contiguous().T), "moga lmo_step: tensors must be contiguous"),
+        (lambda: partials(g, m.half()), "moga lmo_partials: parameter, gradient and buffer dtypes differ"),
+        (lambda: partials(g.T, m), "moga lmo_partials: tensors must be contiguous"),
+        (lambda: partials(g, m, (2, 6, 1)), "moga lmo_partials: shape (2, 6, 1) does not match"),
+        # every tensor is checked before any is stepped (the kernel steps the last one first)
+        (lambda: built.lmo_step([w.T, w], [g, g], [m, m], None, [4, 6, 1] * 2, [-0.1] * 2, 2.0, 0.9, False, 1.0),
+         "moga lmo_step: tensors must be contiguous"),
+        (lambda: built.lmo_apply([w, w], [g, g], [m, m], None, [4, 6, 1, 4, 5, 1], [-0.1] * 2,
+                                 [torch.ones(2, 4, 1)] * 2, 2.0, 0.9, False, 1.0), "moga lmo_apply: shape (4, 5, 1)"),
+    ]
+    before = [t.clone() for t in (w, g, m)]
+    for call, message in bad:
+        with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            call()
+    assert all(torch.equal(a, b) for a, b in zip(before, (w, g, m)))  # refused before touching anything

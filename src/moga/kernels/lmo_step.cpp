@@ -87,7 +87,16 @@ struct Ema {
   explicit Ema(const Config& cfg) : rate(T(1 - cfg.beta)), beta(T(cfg.beta)), nesterov(cfg.nesterov) {}
 };
 
-// The direction at one vector of elements: updates m in place when there is momentum.
+// The direction, its one form: from g and the updated momentum m, Nesterov's look-ahead lerp(g, m, beta)
+// or m itself; g without momentum (m == nullptr). X is a vector or a scalar; g is read (load_g) only
+// where it is used, so a caller may leave it unconverted otherwise.
+template <typename X, typename T, typename LoadG>
+MOGA_INLINE X direction_of(LoadG load_g, const X* m, const Ema<T>& ema) {
+  if (m == nullptr) return load_g();
+  return ema.nesterov ? lerp(load_g(), *m, ema.beta) : *m;
+}
+
+// The direction at one vector of elements, after the EMA update of m in place (when there is momentum).
 template <typename T>
 MOGA_INLINE Vectorized<T> direction(const T* g, T* m, int64_t count, const Ema<T> ema) {
   using V = Vectorized<T>;
@@ -95,14 +104,22 @@ MOGA_INLINE Vectorized<T> direction(const T* g, T* m, int64_t count, const Ema<T
   if (m == nullptr) return gv;
   V mv = lerp(V::loadu(m, count), gv, ema.rate);
   mv.store(m, count);
-  return ema.nesterov ? lerp(gv, mv, ema.beta) : mv;
+  return direction_of([&] { return gv; }, &mv, ema);
 }
 
-// The direction again (m already updated), for the rare rows redone in double.
+// The direction at one vector of elements, m already updated (the second sweep over a row or column).
 template <typename T>
-inline T direction_again(const T* g, const T* m, int64_t i, const Config& cfg) {
-  if (m == nullptr) return g[i];
-  return cfg.nesterov ? lerp(g[i], m[i], T(cfg.beta)) : m[i];
+MOGA_INLINE Vectorized<T> direction_peek(const T* g, const T* m, int64_t count, const Ema<T> ema) {
+  using V = Vectorized<T>;
+  const V mv = m ? V::loadu(m, count) : V();
+  return direction_of([&] { return V::loadu(g, count); }, m ? &mv : nullptr, ema);
+}
+
+// The direction at element i, m already updated: for the rare rows and columns redone in double.
+template <typename S, typename T>
+inline T direction_at(const S* g, const S* m, int64_t i, const Ema<T>& ema) {
+  const T mi = m ? T(m[i]) : T(0);
+  return direction_of([&] { return T(g[i]); }, m ? &mi : nullptr, ema);
 }
 
 // t = sign(d)|d|^(p-1); accumulates |d|^p into s. p = 1.5, 2, 2.5 avoid pow (Sleef's, ~10x slower).
@@ -156,15 +173,6 @@ inline double factor(double s, double p, double c, Kind kind) {
   return c * std::pow(s, -(p - 1) / p);
 }
 
-// d for every element of a row or tile into out (m already updated).
-template <typename T>
-void redo_direction(const T* g, const T* m, int64_t rows, int64_t cols, int64_t stride, T* out, int64_t out_stride,
-                    const Config& cfg) {
-  for (int64_t k = 0; k < rows; ++k)
-    for (int64_t j = 0; j < cols; ++j)
-      out[k * out_stride + j] = direction_again(g + k * stride, m ? m + k * stride : nullptr, j, cfg);
-}
-
 // The slow, exact update of one row or column of directions d (stride apart) in double, divided by
 // its maximum first so that neither |d|^p nor |d|^(p-1) under- or overflows.
 template <typename T>
@@ -208,6 +216,36 @@ T* scratch(int64_t n) {
   return buffer.data();
 }
 
+// ---- bfloat16 staging: the one path ---------------------------------------------------------------
+// Math in T on storage S: a row of S is read through a RowIn (the row itself when S == T, else a converted
+// thread-local copy, one per slot: g, m, W) and written back with store_row (nothing to do when S == T).
+
+template <typename S, typename T>
+struct RowIn {
+  const T* ptr;
+  RowIn(const S* src, int64_t n, int slot) {
+    if constexpr (std::is_same_v<S, T>) {
+      ptr = src;
+    } else {
+      thread_local std::vector<T> buffers[3];
+      auto& buf = buffers[slot];
+      if (int64_t(buf.size()) < n) buf.resize(n);
+      for (int64_t i = 0; i < n; ++i) buf[i] = T(src[i]);
+      ptr = buf.data();
+    }
+  }
+  T* mutable_ptr() const { return const_cast<T*>(ptr); }  // a copy, or the row of a tensor the step writes
+};
+
+template <typename S, typename T>
+void store_row(const T* src, S* dst, int64_t n) {
+  if constexpr (!std::is_same_v<S, T>)
+    for (int64_t i = 0; i < n; ++i) dst[i] = S(src[i]);
+}
+
+// Rows of length R per parallel task: about 32k elements each.
+inline int64_t row_grain(int64_t R) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(R, 1)); }
+
 // ---- row mode -----------------------------------------------------------------------------------
 
 template <typename T, Kind K>
@@ -245,7 +283,7 @@ void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
       return;
     }
     if (!in_range<T>(total, a, cfg.p)) {
-      redo_direction(g, m, 1, n, 0, t, 0, cfg);
+      for (int64_t i = 0; i < n; ++i) t[i] = direction_at(g, m, i, ema);
       exact_update(t, w, n, 1, 1, cfg, c);
       return;
     }
@@ -256,8 +294,6 @@ void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
     }
   }
 }
-
-// ---- dispatch ------------------------------------------------------------------------------------
 
 Kind kind_of(double p) {
   if (p == 1) return Kind::Sign;
@@ -276,38 +312,6 @@ Kind kind_of(double p) {
 // partial sums, added in a fixed order, so the result does not depend on the number of threads.
 
 constexpr int64_t kChunkRows = 32;
-
-// A row of storage S as T: the row itself when S == T, else a converted thread-local copy.
-template <typename S, typename T>
-struct RowIn {
-  const T* ptr;
-  RowIn(const S* src, int64_t n, int slot) {
-    if constexpr (std::is_same_v<S, T>) {
-      ptr = src;
-    } else {
-      thread_local std::vector<T> buffers[3];
-      auto& buf = buffers[slot];
-      if (int64_t(buf.size()) < n) buf.resize(n);
-      for (int64_t i = 0; i < n; ++i) buf[i] = T(src[i]);
-      ptr = buf.data();
-    }
-  }
-};
-
-template <typename S, typename T>
-void store_row(const T* src, S* dst, int64_t n) {
-  if constexpr (!std::is_same_v<S, T>)
-    for (int64_t i = 0; i < n; ++i) dst[i] = S(src[i]);
-}
-
-// d without touching m (already updated by sweep A).
-template <typename T>
-MOGA_INLINE Vectorized<T> direction_peek(const T* g, const T* m, int64_t count, const Ema<T> ema) {
-  using V = Vectorized<T>;
-  if (m == nullptr) return V::loadu(g, count);
-  V mv = V::loadu(m, count);
-  return ema.nesterov ? lerp(V::loadu(g, count), mv, ema.beta) : mv;
-}
 
 // Sweep A: updates m and writes each column's S = sum |d|^p and a = max |d| to sums and tops, row b of
 // the slices at b * stride (stride >= N; the entries past N are left as they are).
@@ -329,7 +333,7 @@ void col_sums(const S* g, S* m, int64_t B, int64_t R, int64_t N, const Config& c
         const int64_t off = (b * R + k) * N;
         RowIn<S, T> gr(g + off, N, 0);
         RowIn<S, T> mr(m ? m + off : g + off, N, 1);
-        T* mk = m ? const_cast<T*>(mr.ptr) : nullptr;
+        T* mk = m ? mr.mutable_ptr() : nullptr;
         for (int64_t j = 0; j < N; j += L) {
           const int64_t cnt = std::min(L, N - j);
           V d = direction(gr.ptr + j, mk ? mk + j : nullptr, cnt, ema);
@@ -380,7 +384,7 @@ void col_update(const S* g, const S* m, S* w, int64_t B, int64_t R, int64_t N, c
         RowIn<S, T> gr(g + off, needs_g ? N : 0, 0);  // neither converted nor read when not needed
         RowIn<S, T> mr(m ? m + off : g + off, N, 1);
         RowIn<S, T> wr(w + off, N, 2);
-        T* wk = const_cast<T*>(wr.ptr);
+        T* wk = wr.mutable_ptr();
         for (int64_t j = 0; j < N; j += L) {
           const int64_t cnt = std::min(L, N - j);
           V t = powered<T, K>(direction_peek(gr.ptr + j, m ? mr.ptr + j : nullptr, cnt, ema), unused, e);
@@ -397,10 +401,10 @@ template <typename S, typename T>
 void col_exact(const S* g, const S* m, S* w, int64_t b, int64_t j, int64_t R, int64_t N, const Config& cfg,
                double c) {
   std::vector<T> d(R), wcol(R);
+  const Ema<T> ema(cfg);
   for (int64_t k = 0; k < R; ++k) {
     const int64_t at = (b * R + k) * N + j;
-    const T gk = T(g[at]), mk = m ? T(m[at]) : T(0);
-    d[k] = m == nullptr ? gk : (cfg.nesterov ? lerp(gk, mk, T(cfg.beta)) : mk);
+    d[k] = direction_at(g, m, at, ema);
     wcol[k] = T(w[at]);
   }
   exact_update(d.data(), wcol.data(), R, 1, 1, cfg, c);
@@ -443,19 +447,15 @@ void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   const S* g = grad.data_ptr<S>();
   S* m = buf.defined() ? buf.data_ptr<S>() : nullptr;
   if (N == 1) {  // rows of length R
-    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(R, 1));
-    at::parallel_for(0, B, grain, [&](int64_t lo, int64_t hi) {
+    at::parallel_for(0, B, row_grain(R), [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b < hi; ++b) {
         const int64_t off = b * R;
-        if constexpr (std::is_same_v<S, T>) {
-          row_step<T, K>(g + off, m ? m + off : nullptr, w + off, R, cfg, c);
-        } else {
-          thread_local std::vector<T> gf, mf, wf;
-          gf.resize(R); mf.resize(R); wf.resize(R);
-          for (int64_t i = 0; i < R; ++i) { gf[i] = T(g[off + i]); wf[i] = T(w[off + i]); if (m) mf[i] = T(m[off + i]); }
-          row_step<T, K>(gf.data(), m ? mf.data() : nullptr, wf.data(), R, cfg, c);
-          for (int64_t i = 0; i < R; ++i) { w[off + i] = S(wf[i]); if (m) m[off + i] = S(mf[i]); }
-        }
+        RowIn<S, T> gr(g + off, R, 0);
+        RowIn<S, T> mr(m ? m + off : g + off, m ? R : 0, 1);
+        RowIn<S, T> wr(w + off, R, 2);
+        row_step<T, K>(gr.ptr, m ? mr.mutable_ptr() : nullptr, wr.mutable_ptr(), R, cfg, c);
+        store_row<S, T>(wr.ptr, w + off, R);
+        if (m) store_row<S, T>(mr.ptr, m + off, R);
       }
     });
     return;
@@ -463,16 +463,58 @@ void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   col_tensor_step<S, T, K>(g, m, w, B, R, N, cfg, c);
 }
 
-template <typename S, typename T>
-void tensor_step_any_p(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& buf, int64_t B, int64_t R,
-                       int64_t N, const Config& cfg, double c) {
-  switch (kind_of(cfg.p)) {
-    case Kind::Sign: return tensor_step<S, T, Kind::Sign>(param, grad, buf, B, R, N, cfg, c);
-    case Kind::P2: return tensor_step<S, T, Kind::P2>(param, grad, buf, B, R, N, cfg, c);
-    case Kind::P15: return tensor_step<S, T, Kind::P15>(param, grad, buf, B, R, N, cfg, c);
-    case Kind::P25: return tensor_step<S, T, Kind::P25>(param, grad, buf, B, R, N, cfg, c);
-    default: return tensor_step<S, T, Kind::Generic>(param, grad, buf, B, R, N, cfg, c);
+// ---- dispatch and checks -------------------------------------------------------------------------
+
+template <Kind K>
+using KindTag = std::integral_constant<Kind, K>;
+
+// The one dtype x exponent dispatch: calls f(S(), T(), KindTag<K>()) for the tensor's storage S, its math
+// T and the exponent's kind K.
+template <typename F>
+auto dispatch(at::ScalarType dtype, double p, F&& f) {
+  auto by_kind = [&](auto s_tag, auto t_tag) {
+    switch (kind_of(p)) {
+      case Kind::Sign: return f(s_tag, t_tag, KindTag<Kind::Sign>());
+      case Kind::P2: return f(s_tag, t_tag, KindTag<Kind::P2>());
+      case Kind::P15: return f(s_tag, t_tag, KindTag<Kind::P15>());
+      case Kind::P25: return f(s_tag, t_tag, KindTag<Kind::P25>());
+      default: return f(s_tag, t_tag, KindTag<Kind::Generic>());
+    }
+  };
+  switch (dtype) {
+    case at::kFloat: return by_kind(float(), float());
+    case at::kDouble: return by_kind(double(), double());
+    case at::kBFloat16: return by_kind(c10::BFloat16(), float());
+    default: TORCH_CHECK(false, "moga: float32, float64 or bfloat16 tensors, got ", dtype);
   }
+}
+
+// The one argument check, of every tensor before any is touched: per gradient g its parameter W (params
+// empty for lmo_partials) and momentum buffer m (bufs empty without momentum), on the CPU, contiguous, of
+// one dtype, with the B * R * N elements of its (B, R, N) in shapes.
+void check_tensors(const char* op, at::TensorList params, at::TensorList grads, at::TensorList bufs,
+                   at::IntArrayRef shapes) {
+  const size_t n = grads.size();
+  TORCH_CHECK(shapes.size() == 3 * n && (params.empty() || params.size() == n) && (bufs.empty() || bufs.size() == n),
+              "moga ", op, ": list lengths differ (momentum buffers: none or one per tensor)");
+  for (size_t k = 0; k < n; ++k) {
+    const at::Tensor w = params.empty() ? at::Tensor() : params[k];
+    const at::Tensor& g = grads[k];
+    const at::Tensor m = bufs.empty() ? at::Tensor() : bufs[k];
+    const int64_t B = shapes[3 * k], R = shapes[3 * k + 1], N = shapes[3 * k + 2];
+    TORCH_CHECK(g.device().is_cpu() && (!w.defined() || w.device().is_cpu()) && (!m.defined() || m.device().is_cpu()),
+                "moga ", op, ": CPU tensors only");
+    TORCH_CHECK(g.is_contiguous() && (!w.defined() || w.is_contiguous()) && (!m.defined() || m.is_contiguous()),
+                "moga ", op, ": tensors must be contiguous");
+    TORCH_CHECK((!w.defined() || w.scalar_type() == g.scalar_type()) && (!m.defined() || m.scalar_type() == g.scalar_type()),
+                "moga ", op, ": parameter, gradient and buffer dtypes differ");
+    TORCH_CHECK(g.numel() == B * R * N && (!w.defined() || w.numel() == g.numel()) && (!m.defined() || m.numel() == g.numel()),
+                "moga ", op, ": shape (", B, ", ", R, ", ", N, ") does not match a tensor of ", g.numel(), " elements");
+  }
+}
+
+at::ScalarType compute_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
 bool flag_set(const std::optional<at::Tensor>& found_inf) {
@@ -487,9 +529,9 @@ void lmo_step(at::TensorList params, at::TensorList grads, at::TensorList bufs, 
               at::IntArrayRef shapes, at::ArrayRef<double> scales, double p, double momentum, bool nesterov,
               double decay) {
   const size_t n = params.size();
-  TORCH_CHECK(grads.size() == n && scales.size() == n && shapes.size() == 3 * n, "moga lmo_step: list lengths differ");
-  TORCH_CHECK(bufs.empty() || bufs.size() == n, "moga lmo_step: momentum buffers must be none or one per parameter");
+  TORCH_CHECK(grads.size() == n && scales.size() == n, "moga lmo_step: list lengths differ");
   TORCH_CHECK(p >= 1 && std::isfinite(p), "moga lmo_step: p must be finite and >= 1, got ", p);
+  check_tensors("lmo_step", params, grads, bufs, shapes);
   if (flag_set(found_inf)) return;
   const Config cfg{p, bufs.empty() ? 0.0 : momentum, nesterov, decay};
   for (size_t back = 0; back < n; ++back) {
@@ -498,20 +540,10 @@ void lmo_step(at::TensorList params, at::TensorList grads, at::TensorList bufs, 
     const at::Tensor& g = grads[k];
     at::Tensor m = bufs.empty() ? at::Tensor() : bufs[k];
     const int64_t B = shapes[3 * k], R = shapes[3 * k + 1], N = shapes[3 * k + 2];
-    TORCH_CHECK(w.device().is_cpu() && g.device().is_cpu(), "moga lmo_step: CPU tensors only");
-    TORCH_CHECK(w.is_contiguous() && g.is_contiguous() && (!m.defined() || m.is_contiguous()),
-                "moga lmo_step: tensors must be contiguous");
-    TORCH_CHECK(g.scalar_type() == w.scalar_type() && (!m.defined() || m.scalar_type() == w.scalar_type()),
-                "moga lmo_step: parameter, gradient and buffer dtypes differ");
-    TORCH_CHECK(w.numel() == B * R * N && g.numel() == w.numel() && (!m.defined() || m.numel() == w.numel()),
-                "moga lmo_step: shape (", B, ", ", R, ", ", N, ") does not match a tensor of ", w.numel(), " elements");
     if (w.numel() == 0) continue;
-    switch (w.scalar_type()) {
-      case at::kFloat: tensor_step_any_p<float, float>(w, g, m, B, R, N, cfg, scales[k]); break;
-      case at::kDouble: tensor_step_any_p<double, double>(w, g, m, B, R, N, cfg, scales[k]); break;
-      case at::kBFloat16: tensor_step_any_p<c10::BFloat16, float>(w, g, m, B, R, N, cfg, scales[k]); break;
-      default: TORCH_CHECK(false, "moga lmo_step: float32, float64 or bfloat16 parameters, got ", w.scalar_type());
-    }
+    dispatch(w.scalar_type(), p, [&](auto s, auto t, auto kind) {
+      tensor_step<decltype(s), decltype(t), decltype(kind)::value>(w, g, m, B, R, N, cfg, scales[k]);
+    });
   }
 }
 
@@ -530,12 +562,12 @@ void row_sums(const S* g, S* m, int64_t B, int64_t R, const Config& cfg, T* sums
   constexpr int64_t L = V::size();
   const V e = V(T(cfg.p - 1));
   const Ema<T> ema(cfg);
-  at::parallel_for(0, B, std::max<int64_t>(1, 32768 / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, B, row_grain(R), [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t off = b * R;
       RowIn<S, T> gr(g + off, R, 0);
       RowIn<S, T> mr(m ? m + off : g + off, m ? R : 0, 1);
-      T* mk = m ? const_cast<T*>(mr.ptr) : nullptr;
+      T* mk = m ? mr.mutable_ptr() : nullptr;
       Vectorized<T> s(T(0)), peak(T(0));
       for (int64_t i = 0; i < R; i += L) {
         const int64_t cnt = std::min(L, R - i);
@@ -557,14 +589,14 @@ void row_update(const S* g, const S* m, S* w, int64_t B, int64_t R, const Config
   const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
   const Ema<T> ema(cfg);
   const bool needs_g = m == nullptr || cfg.nesterov;
-  at::parallel_for(0, B, std::max<int64_t>(1, 32768 / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, B, row_grain(R), [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       if (skip[b]) continue;
       const int64_t off = b * R;
       RowIn<S, T> gr(g + off, needs_g ? R : 0, 0);
       RowIn<S, T> mr(m ? m + off : g + off, m ? R : 0, 1);
       RowIn<S, T> wr(w + off, R, 2);
-      T* wk = const_cast<T*>(wr.ptr);
+      T* wk = wr.mutable_ptr();
       const V fv(f[b]);
       V unused(T(0));
       for (int64_t i = 0; i < R; i += L) {
@@ -619,43 +651,6 @@ at::Tensor apply(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   return flags;
 }
 
-at::ScalarType compute_dtype(const at::Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
-template <Kind K>
-using KindTag = std::integral_constant<Kind, K>;
-
-// Calls f(S(), T(), KindTag<K>()) for the tensor's storage S, its math T and the exponent's kind K.
-template <typename F>
-auto dispatch(at::ScalarType dtype, double p, F&& f) {
-  auto by_kind = [&](auto s_tag, auto t_tag) {
-    switch (kind_of(p)) {
-      case Kind::Sign: return f(s_tag, t_tag, KindTag<Kind::Sign>());
-      case Kind::P2: return f(s_tag, t_tag, KindTag<Kind::P2>());
-      case Kind::P15: return f(s_tag, t_tag, KindTag<Kind::P15>());
-      case Kind::P25: return f(s_tag, t_tag, KindTag<Kind::P25>());
-      default: return f(s_tag, t_tag, KindTag<Kind::Generic>());
-    }
-  };
-  switch (dtype) {
-    case at::kFloat: return by_kind(float(), float());
-    case at::kDouble: return by_kind(double(), double());
-    case at::kBFloat16: return by_kind(c10::BFloat16(), float());
-    default: TORCH_CHECK(false, "moga: float32, float64 or bfloat16 tensors, got ", dtype);
-  }
-}
-
-void check_split(const at::Tensor& w, const at::Tensor& g, const at::Tensor& m, int64_t B, int64_t R, int64_t N) {
-  TORCH_CHECK(g.device().is_cpu() && (!w.defined() || w.device().is_cpu()), "moga: CPU tensors only");
-  TORCH_CHECK(g.is_contiguous() && (!w.defined() || w.is_contiguous()) && (!m.defined() || m.is_contiguous()),
-              "moga: tensors must be contiguous");
-  TORCH_CHECK((!w.defined() || w.scalar_type() == g.scalar_type()) && (!m.defined() || m.scalar_type() == g.scalar_type()),
-              "moga: parameter, gradient and buffer dtypes differ");
-  TORCH_CHECK(g.numel() == B * R * N && (!w.defined() || w.numel() == g.numel()) && (!m.defined() || m.numel() == g.numel()),
-              "moga: shape (", B, ", ", R, ", ", N, ") does not match a tensor of ", g.numel(), " elements");
-}
-
 }  // namespace
 
 // Per tensor a (2, B, N) tensor in the math dtype: the local sums |d|^p and maxima |d| along K, after the
@@ -663,8 +658,8 @@ void check_split(const at::Tensor& w, const at::Tensor& g, const at::Tensor& m, 
 std::vector<at::Tensor> lmo_partials(at::TensorList grads, at::TensorList bufs, const std::optional<at::Tensor>& found_inf,
                                      at::IntArrayRef shapes, double p, double momentum, bool nesterov) {
   const size_t n = grads.size();
-  TORCH_CHECK(shapes.size() == 3 * n && (bufs.empty() || bufs.size() == n), "moga lmo_partials: list lengths differ");
   TORCH_CHECK(p > 1 && std::isfinite(p), "moga lmo_partials: p must be finite and > 1, got ", p);
+  check_tensors("lmo_partials", {}, grads, bufs, shapes);
   const bool skip = flag_set(found_inf);
   const Config cfg{p, bufs.empty() ? 0.0 : momentum, nesterov, 1.0};
   std::vector<at::Tensor> out;
@@ -672,7 +667,6 @@ std::vector<at::Tensor> lmo_partials(at::TensorList grads, at::TensorList bufs, 
     const int64_t B = shapes[3 * k], R = shapes[3 * k + 1], N = shapes[3 * k + 2];
     const at::Tensor& g = grads[k];
     const at::Tensor m = bufs.empty() ? at::Tensor() : bufs[k];
-    check_split(at::Tensor(), g, m, B, R, N);
     at::Tensor part = at::zeros({2, B, N}, g.options().dtype(compute_dtype(g)));
     if (!skip && g.numel())
       dispatch(g.scalar_type(), p, [&](auto s, auto t, auto kind) {
@@ -690,9 +684,12 @@ std::vector<at::Tensor> lmo_apply(at::TensorList params, at::TensorList grads, a
                                   at::ArrayRef<double> scales, at::TensorList combined, double p, double momentum,
                                   bool nesterov, double decay) {
   const size_t n = params.size();
-  TORCH_CHECK(grads.size() == n && scales.size() == n && combined.size() == n && shapes.size() == 3 * n &&
-              (bufs.empty() || bufs.size() == n), "moga lmo_apply: list lengths differ");
+  TORCH_CHECK(grads.size() == n && scales.size() == n && combined.size() == n, "moga lmo_apply: list lengths differ");
   TORCH_CHECK(p > 1 && std::isfinite(p), "moga lmo_apply: p must be finite and > 1, got ", p);
+  check_tensors("lmo_apply", params, grads, bufs, shapes);
+  for (size_t k = 0; k < n; ++k)
+    TORCH_CHECK(combined[k].scalar_type() == compute_dtype(grads[k]) && combined[k].numel() == 2 * shapes[3 * k] * shapes[3 * k + 2],
+                "moga lmo_apply: sums must be lmo_partials' (2, B, N) in the math dtype");
   const bool skip = flag_set(found_inf);
   const Config cfg{p, bufs.empty() ? 0.0 : momentum, nesterov, decay};
   std::vector<at::Tensor> flags;
@@ -701,9 +698,6 @@ std::vector<at::Tensor> lmo_apply(at::TensorList params, at::TensorList grads, a
     const at::Tensor& w = params[k];
     const at::Tensor& g = grads[k];
     const at::Tensor m = bufs.empty() ? at::Tensor() : bufs[k];
-    check_split(w, g, m, B, R, N);
-    TORCH_CHECK(combined[k].scalar_type() == compute_dtype(g) && combined[k].numel() == 2 * B * N,
-                "moga lmo_apply: sums must be lmo_partials' (2, B, N) in the math dtype");
     if (skip) {
       flags.push_back(at::zeros({B, N}, at::kBool));
       continue;
