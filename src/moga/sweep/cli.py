@@ -22,6 +22,14 @@ def sweep(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
     rebuild: bool = typer.Option(False, "--rebuild", help="set a damaged sweep.db aside and rebuild the store from "
                                  "the cells' run directories (finished cells are not run again)"),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="after the grid (one seed), add seeds on each panel's "
+                              "decisive rates until its transfer verdict is decided: at least this many there "
+                              "(panels: --by; curves: the sweep's scale_key; 1: the grid alone)"),
+    max_seeds: int = typer.Option(6, "--max-seeds", min=1, help="with --seeds: most seeds at a decisive rate "
+                                  "while the verdict stays inconclusive"),
+    by: list[str] = typer.Option(["optimizer", "scaling"], "--by", help="with --seeds: keys that make a panel "
+                                 "(repeat; as in moga report)"),
+    max_regret: float = typer.Option(0.02, min=0, help="with --seeds: largest relative regret that still transfers"),
     no_import: bool = typer.Option(False, "--no-import", help="refuse every package.module:factory model (a config is "
                                    "code: see moga train --help); also MOGA_NO_IMPORT=1"),
 ) -> None:
@@ -70,7 +78,16 @@ def sweep(
             console.print(f"set the old store aside as {aside}; rebuilding it from {out / 'cells'}")
     console.print(f"sweep {Path(target).name}: {len(spec.cells)} cells -> {out}")
     try:
-        counts = run_sweep(spec, out, workers, executor, ray_address, progress=not quiet, retry_failed=retry_failed)
+        run = lambda sw: run_sweep(sw, out, workers, executor, ray_address, progress=not quiet,  # noqa: E731
+                                   retry_failed=retry_failed)
+        if seeds > 1:
+            from moga.sweep.seeds import run_sweep_until_decided
+
+            spec, counts = run_sweep_until_decided(spec, out, run, by, max_regret, min(seeds, max_seeds),
+                                                   max_seeds)
+            console.print(f"seeds: {len(spec.cells)} cells with those added where a decision was close")
+        else:
+            counts = run(spec)
     except (SweepError, ValueError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

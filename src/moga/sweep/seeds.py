@@ -18,6 +18,8 @@ from moga.sweep.report import analyze
 from moga.sweep.report.decision import decisive_rates
 from moga.sweep.report.schema import parse_records
 from moga.sweep.report.summary import PanelSummary
+from moga.sweep.results import records
+from moga.sweep.spec import Sweep, cell_id
 from moga.sweep.store import SweepStore
 
 
@@ -95,3 +97,21 @@ def run_until_decided(make_sweep, out, run, rows_of, group_keys: Sequence[str], 
         sweep = make_sweep(include)
         counts = run(sweep)
     return sweep, counts
+
+
+def run_sweep_until_decided(sweep, out, run, group_keys: Sequence[str], max_regret: float, min_seeds: int = 3,
+                            max_seeds: int = 6):
+    """:func:`run_until_decided` for a user's own sweep (``moga sweep --seeds``): the panels are ``group_keys``
+    (as in ``moga report --by``), one curve per value of the spec's ``scale_key``. The spec's own ``include``
+    cells stay; the added seeds join them."""
+    scale_key = sweep.spec.scale_key
+    own = list(sweep.spec.include)
+
+    def make(include):
+        ids = {cell_id(c) for c in own}
+        merged = own + [c for c in include if cell_id(c) not in ids]
+        return Sweep(sweep.spec.model_copy(update={"include": merged}), sweep.base, sweep.source)
+
+    return run_until_decided(make, out, run, lambda sw: (records(SweepStore(out)), scale_key), group_keys,
+                             max_regret, min_seeds, max_seeds)
+
