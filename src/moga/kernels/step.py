@@ -11,7 +11,7 @@ from moga.kernels import ops
 from moga.kernels.build import load_extension
 from moga.kernels.plan import fits, plan
 from moga.layout import Layout
-from moga.numerics import Reduce, phi
+from moga.numerics import Reduce, direction, phi
 
 
 def fused_lmo_step_(
@@ -93,17 +93,16 @@ def fused_split_step_(
 
 
 def _exact_split_(w, g, m, shape, p, c, decay, momentum, nesterov, tops, flags, reduce: Reduce) -> None:
-    """The flagged rows or columns of a split step: ``phi_p`` of :mod:`moga.numerics` (exact at any
-    magnitude) in float64 on the (B, K, N) view, its sums combined over the ranks. Their maxima are the
+    """The flagged rows or columns of a split step: ``direction`` and ``phi_p`` of :mod:`moga.numerics` (exact
+    at any magnitude) in float64 on the (B, K, N) view, its sums combined over the ranks. Their maxima are the
     kernel's combined ones, so only the sum crosses the ranks."""
     math_dtype = torch.float64 if w.dtype == torch.float64 else torch.float32
     b, k, n = shape
-    gt = g.to(math_dtype)
-    d = gt if m is None else (torch.lerp(gt, m.to(math_dtype), momentum) if nesterov else m.to(math_dtype))
+    d = direction(g.to(math_dtype), None if m is None else m.to(math_dtype), momentum, nesterov)
     peak = tops.double().view(b, 1, n)
-    direction = phi(d.double().view(b, k, n), p, (1,), lambda x, op: peak if op == "max" else reduce(x, op))
+    lmo = phi(d.double().view(b, k, n), p, (1,), lambda x, op: peak if op == "max" else reduce(x, op))
     wv = w.view(b, k, n)
-    new = (wv.to(math_dtype) * decay).double() + c * direction
+    new = (wv.to(math_dtype) * decay).double() + c * lmo
     wv.copy_(torch.where(flags.view(b, 1, n), new.to(w.dtype), wv))
 
 
