@@ -118,7 +118,7 @@ def test_the_trace_sees_host_reads_host_copies_and_mixed_devices():
             trace(lambda: float(x.sum()))
         net = fake_net(torch.float32)
         opt = MOGA(net, nonfinite="raise", kernel="torch")  # documented: it reads the flag every step
-        with pytest.raises(HostSync, match=r"optim/base.py:\d+"):
+        with pytest.raises(HostSync, match=r"optim/nonfinite.py:\d+"):
             trace(opt.step)
 
 

@@ -56,3 +56,40 @@ def test_the_fused_kernel_equals_functional(spec, dtype):
         torch.testing.assert_close(w, w_ref, rtol=0, atol=tol, msg=where)
         if momentum:
             torch.testing.assert_close(m, m_ref, rtol=0, atol=tol, msg=where)
+
+
+def test_the_plain_step_reaches_the_row_formula_within_four_frames():
+    """From ``opt.step()`` to ``Row.apply_lmo_`` (``W += -lr n^(-1/p) phi_p(d)`` per row) on a real MOGA step
+    of the plain path, counting moga's own frames (torch's no_grad and profiling wrappers aside)."""
+    import sys
+    from pathlib import Path
+
+    import moga
+    from moga.optim import MOGA
+
+    root = str(Path(moga.__file__).parent)
+    chains = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_qualname == "Row.apply_lmo_":
+            chain = []
+            while frame is not None:
+                if frame.f_code.co_filename.startswith(root):
+                    chain.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_qualname}")
+                if frame.f_code.co_qualname == "GeometryOptimizer.step":
+                    chains.append(chain[::-1])
+                    return
+                frame = frame.f_back
+
+    w = torch.nn.Parameter(torch.randn(8, 16))
+    opt = MOGA([w], geometry="row(p=2)", kernel="torch")
+    w.grad = torch.randn(8, 16)
+    sys.setprofile(profile)
+    try:
+        opt.step()
+    finally:
+        sys.setprofile(None)
+    assert len(chains) == 1, chains
+    chain, = chains
+    assert chain[0] == "base.py:GeometryOptimizer.step" and chain[1] == "functional.py:lmo_steps_", chain
+    assert chain[-1] == "geometry.py:Row.apply_lmo_" and len(chain) <= 4, chain

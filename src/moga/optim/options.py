@@ -1,0 +1,81 @@
+"""The options every geometry optimizer shares, declared once, and the checks of their values.
+
+:class:`~moga.optim.base.GeometryOptimizer` takes all of them; MOGA, Muon and ScaledAdamW declare only what
+differs (their defaults for ``lr`` and momentum, their own keywords) and pass the rest through as
+``**options``, so a shared option's name, default and check live here alone.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from collections.abc import Mapping
+from typing import TypedDict
+
+import torch
+
+
+class SharedOptions(TypedDict, total=False):
+    """The keyword-only options of every geometry optimizer (defaults: :data:`SHARED_DEFAULTS`)."""
+
+    betas: tuple[float, float]  # Adam's, for the groups with update="adam"
+    eps: float
+    geometries: Mapping[str, str] | None  # {role: geometry spec} in place of the optimizer's (a model only)
+    overrides: Mapping | None  # {parameter glob: role} for the role plan (a model only)
+    lr_multipliers: Mapping[str, float] | None  # {role: factor} on lr (a model or plan only)
+    nonfinite: str  # "skip", "raise" or "ignore" (moga.optim.nonfinite)
+    state_dtype: torch.dtype | str  # momentum and Adam moments: float32 or bfloat16
+    master_weights: bool  # a float32 copy of each 16-bit parameter takes the step
+    distributed: bool | None  # split whole-matrix work among replicated ranks (None: when initialized)
+    kernel: str  # "auto", "cpp" or "torch" (moga.kernels)
+
+
+SHARED_DEFAULTS: SharedOptions = dict(
+    betas=(0.9, 0.999), eps=1e-8, geometries=None, overrides=None, lr_multipliers=None, nonfinite="skip",
+    state_dtype=torch.float32, master_weights=False, distributed=None, kernel="auto",
+)
+
+
+def real(name: str, v) -> float:
+    """A finite real number of any kind (int, float, numpy scalar, 0-d tensor) as a Python float."""
+    if isinstance(v, torch.Tensor) and v.ndim == 0 and not v.is_complex() and v.dtype != torch.bool:
+        v = v.item()  # at construction only, never in step
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number (any real type), got {v!r}")
+    return float(v)
+
+
+def check_hyperparameters(h: dict) -> None:
+    """Clear errors for values no run should start with; numbers are stored as Python floats."""
+    h["lr"] = real("lr", h["lr"])
+    if h["lr"] < 0:
+        raise ValueError(f"lr must be >= 0, got {h['lr']}")
+    h["momentum"] = real("momentum", h["momentum"])
+    if not 0 <= h["momentum"] < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {h['momentum']}")
+    h["weight_decay"] = real("weight_decay", h["weight_decay"])
+    if h["weight_decay"] < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {h['weight_decay']}")
+    betas = h["betas"]
+    if len(betas) != 2 or not all(0 <= real("betas", b) < 1 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    h["betas"] = tuple(real("betas", b) for b in betas)
+    h["eps"] = real("eps", h["eps"])
+    if h["eps"] <= 0:
+        raise ValueError(f"eps must be > 0, got {h['eps']}")
+    if not isinstance(h["nesterov"], bool):
+        raise ValueError(f"nesterov must be True or False, got {h['nesterov']!r}")
+    if h.get("update", "lmo") not in ("lmo", "adam"):
+        raise ValueError(f"update must be 'lmo' or 'adam', got {h['update']!r}")
+
+
+def warn_if_decay_diverges(param_groups, stacklevel: int = 3) -> None:
+    """Decoupled decay multiplies W by (1 - lr*wd) each step: past lr*wd = 1 that flips every weight's sign,
+    past 2 it grows them without bound (inf within tens of steps). A likely unit mix-up; warn, once."""
+    worst = max((g["lr"] * g["weight_decay"] for g in param_groups
+                 if isinstance(g.get("lr"), (int, float)) and g.get("weight_decay")), default=0.0)
+    if worst > 1:
+        warnings.warn(f"lr x weight_decay = {worst:.3g} > 1: each step multiplies the weights by (1 - lr*wd) = "
+                      f"{1 - worst:.3g}, flipping their sign{' and growing them to inf' if worst > 2 else ''}. "
+                      "Weight decay here is decoupled (scaled by lr): use weight_decay below 1/lr", stacklevel=stacklevel)
