@@ -1,4 +1,5 @@
-"""The CUDA kernel: :func:`moga.kernels.reference.tensor_step_` under ``torch.compile``.
+"""The CUDA kernel: :func:`moga.kernels.reference.tensor_step_` (the step of :mod:`moga.optim.functional` on a
+(B, K, N) view, with the same ``phi`` and ``direction``) under ``torch.compile``.
 
 No tensor is made on the device per call: the numbers (``c`` and ``decay``, which follow the lr, ``p``,
 ``momentum``) go in as Python floats, which ``dynamic=True`` compiles once for every value (a schedule
@@ -13,6 +14,8 @@ import warnings
 from functools import lru_cache
 
 import torch
+from torch._dynamo.exc import TorchDynamoException
+from torch._inductor.exc import InductorError
 
 from moga.kernels import reference
 
@@ -21,9 +24,6 @@ _failed: dict[tuple, str] = {}  # kind of call -> why its compile failed
 
 def compile_errors() -> tuple[type[BaseException], ...]:
     """What a failed compile raises (before anything runs): dynamo's and inductor's own errors."""
-    from torch._dynamo.exc import TorchDynamoException
-    from torch._inductor.exc import InductorError
-
     return TorchDynamoException, InductorError
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from moga.geometry import INF, Embedding, Sign
 from moga.optim.base import GeometryOptimizer
+from moga.optim.options import SHARED_DEFAULTS, SharedOptions
 from moga.roles import role_geometries
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
+    from typing_extensions import Unpack
 
 
 class ScaledAdamW(GeometryOptimizer):
@@ -21,23 +25,14 @@ class ScaledAdamW(GeometryOptimizer):
         self,
         params,
         lr: float = 2**-7,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
+        betas: tuple[float, float] = SHARED_DEFAULTS["betas"],
+        eps: float = SHARED_DEFAULTS["eps"],
         weight_decay: float = 0.0,
-        *,
-        geometries=None,
-        overrides=None,
-        lr_multipliers=None,
-        nonfinite: str = "skip",
-        state_dtype: torch.dtype | str = torch.float32,
-        master_weights: bool = False,
-        kernel: str = "auto",
+        **options: Unpack[SharedOptions],
     ):
+        """``options``: the keywords every geometry optimizer shares (:class:`~moga.optim.options.SharedOptions`)."""
         self.role_geometries = role_geometries(Sign(), Embedding(q=INF), "adamw", update="adam")
-        # Plain params get the hidden-matrix rule; a model's role plan decides per parameter.
-        super().__init__(
-            params, lr, 0.0, False, weight_decay, betas, eps, geometry=Sign(), update="adam",
-            geometries=geometries, overrides=overrides, lr_multipliers=lr_multipliers, nonfinite=nonfinite,
-            state_dtype=state_dtype, master_weights=master_weights,
-            kernel=kernel,
-        )
+        # Plain params get the hidden-matrix rule; a model's role plan decides per parameter. Adam keeps its own
+        # moments (betas): no steepest-descent momentum.
+        super().__init__(params, lr, momentum=0.0, nesterov=False, weight_decay=weight_decay, betas=betas, eps=eps,
+                         geometry=Sign(), update="adam", **options)

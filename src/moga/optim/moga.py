@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from moga.geometry import Embedding, Geometry, Row
 from moga.optim.base import GeometryOptimizer
+from moga.optim.options import SharedOptions
 from moga.roles import MOGA_GEOMETRIES, role_geometries
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
+    from typing_extensions import Unpack
 
 
 class MOGA(GeometryOptimizer):
@@ -34,21 +38,10 @@ class MOGA(GeometryOptimizer):
         p: float = 2.0,
         embedding_q: float = 2.0,
         vectors: str = "adamw",
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
         geometry: Geometry | str | None = None,
-        geometries=None,
-        overrides=None,
-        lr_multipliers=None,
-        nonfinite: str = "skip",
-        state_dtype: torch.dtype | str = torch.float32,
-        master_weights: bool = False,
-        kernel: str = "auto",
+        **options: Unpack[SharedOptions],
     ):
+        """``options``: the keywords every geometry optimizer shares (:class:`~moga.optim.options.SharedOptions`)."""
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
-        super().__init__(
-            params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=geometry,
-            geometries=geometries, overrides=overrides, lr_multipliers=lr_multipliers, nonfinite=nonfinite,
-            state_dtype=state_dtype, master_weights=master_weights,
-            kernel=kernel,
-        )
+        super().__init__(params, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                         geometry=geometry, **options)

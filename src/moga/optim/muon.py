@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from moga.geometry import Embedding, Spectral
 from moga.optim.base import GeometryOptimizer
-from moga.roles import role_geometries
+from moga.optim.options import SharedOptions
 from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS
+from moga.roles import role_geometries
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
+    from typing_extensions import Unpack
 
 
 class Muon(GeometryOptimizer):
@@ -41,22 +45,10 @@ class Muon(GeometryOptimizer):
         method: str = "newton_schulz",
         embedding_q: float = 2.0,
         vectors: str = "adamw",
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        geometries=None,
-        overrides=None,
-        lr_multipliers=None,
-        nonfinite: str = "skip",
-        state_dtype: torch.dtype | str = torch.float32,
-        master_weights: bool = False,
-        distributed: bool | None = None,
-        kernel: str = "auto",
+        **options: Unpack[SharedOptions],
     ):
+        """``options``: the keywords every geometry optimizer shares (:class:`~moga.optim.options.SharedOptions`)."""
         spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
         self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
-        super().__init__(
-            params, lr, momentum, nesterov, weight_decay, betas, eps, geometry=spectral,
-            geometries=geometries, overrides=overrides, lr_multipliers=lr_multipliers, nonfinite=nonfinite,
-            state_dtype=state_dtype, master_weights=master_weights, distributed=distributed,
-            kernel=kernel,
-        )
+        super().__init__(params, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                         geometry=spectral, **options)

@@ -2,11 +2,13 @@
 
 The training config's ``optim.name`` choices, the keys each optimizer reads, the optimizers the depth
 paper's step rule applies to, and the builder all come from :data:`OPTIMIZERS`; adding an optimizer is
-one entry here.
+one entry here. An entry's keys are read off its builder's signature (and the class's it passes ``**kw``
+on to), less the options a training config does not set.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,11 +17,15 @@ from torch import nn
 
 from moga.optim.adamw_scaled import ScaledAdamW
 from moga.optim.adaptive import AdaptiveGD
-from moga.optim.base import warn_if_decay_diverges
 from moga.optim.moga import MOGA
 from moga.optim.muon import Muon
+from moga.optim.options import SharedOptions, warn_if_decay_diverges
 
-_GEOMETRY_KEYS = frozenset({"betas", "eps", "overrides", "nonfinite", "lr_multipliers", "geometries"})
+# Arguments a config does not set as optim keys: the builder's own (model, lr, weight_decay are optim fields of
+# their own), options a training run fixes (float32 parameters, the default kernel, one process or FSDP2), and
+# the Newton-Schulz internals.
+NOT_CONFIG_KEYS = frozenset({"model", "params", "lr", "weight_decay", "geometry", "state_dtype", "master_weights",
+                             "distributed", "kernel", "ns_coefficients", "method"})
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -29,17 +35,44 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def signature_keys(*functions: Callable) -> frozenset[str]:
+    """The keywords ``functions`` take, with the shared options where one passes ``**options`` on to the base
+    class (:class:`~moga.optim.options.SharedOptions`), less :data:`NOT_CONFIG_KEYS`."""
+    keys: set[str] = set()
+    for f in functions:
+        params = inspect.signature(f).parameters.values()
+        keys |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if isinstance(f, type) and any(p.kind is p.VAR_KEYWORD for p in params):
+            keys |= set(SharedOptions.__annotations__)
+    return frozenset(keys - NOT_CONFIG_KEYS)
+
+
 @dataclass(frozen=True)
 class OptimizerEntry:
     name: str
     build: Callable[..., torch.optim.Optimizer]  # (model, weight_decay=..., **keys) -> optimizer
-    keys: frozenset[str]  # the optional config keys it reads; setting another is an error
+    keys: frozenset[str] | None = None  # the optional config keys it reads (setting another is an error); None:
+    # those of build's signature and of the class that its ``**kw`` reach (``build.passes_to``)
     default_lr: float | None = None  # None: the class default
     unit_steps: bool = False  # steps are lr x a unit step in a norm (the geometry optimizers)
     description: str = ""
 
+    def __post_init__(self) -> None:
+        if self.keys is None:
+            reached = getattr(self.build, "passes_to", None)
+            object.__setattr__(self, "keys", signature_keys(self.build, *([reached] if reached else [])))
+
+
+def _passes_to(cls):
+    """Marks a builder whose ``**kw`` go to ``cls``: the entry's keys include ``cls``'s."""
+    def mark(build):
+        build.passes_to = cls
+        return build
+    return mark
+
 
 def _geometry(cls):
+    @_passes_to(cls)
     def build(model, weight_decay=0.0, **kw):
         return cls(model, weight_decay=weight_decay, **kw)
     return build
@@ -53,6 +86,7 @@ def _torch(cls):
     return build
 
 
+@_passes_to(MOGA)
 def _moga(model, weight_decay=0.0, matrices=None, **kw):
     """MOGA; ``matrices`` (e.g. 'col(q=2)', column normalization) replaces row(p) on every matrix but the readout."""
     if matrices is not None:  # the config's own geometries (e.g. a readout's) still win
@@ -65,19 +99,16 @@ def _adaptive(model, weight_decay=0.0, lr=1.0, layers=None, nonfinite=None):
 
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {e.name: e for e in (
-    OptimizerEntry("moga", _moga, _GEOMETRY_KEYS | {"momentum", "nesterov", "p", "embedding_q", "vectors",
-                                                    "matrices"},
-                   unit_steps=True, description="MOGA: row(p) on matrices"),
-    OptimizerEntry("muon", _geometry(Muon), _GEOMETRY_KEYS | {"momentum", "nesterov", "embedding_q", "vectors",
-                                                              "scale", "ns_steps", "ns_dtype"},
-                   unit_steps=True, description="Muon: the spectral geometry on matrices"),
+    OptimizerEntry("moga", _moga, unit_steps=True, description="MOGA: row(p) on matrices"),
+    OptimizerEntry("muon", _geometry(Muon), unit_steps=True, description="Muon: the spectral geometry on matrices"),
+    # torch's own optimizers take more than a config names (amsgrad, foreach, ...): their keys are listed
     OptimizerEntry("adamw", _torch(torch.optim.AdamW), frozenset({"betas", "eps", "fused"}), default_lr=1e-3,
                    description="torch.optim.AdamW, no width factors"),
-    OptimizerEntry("adamw-scaled", _geometry(ScaledAdamW), _GEOMETRY_KEYS, unit_steps=True,
+    OptimizerEntry("adamw-scaled", _geometry(ScaledAdamW), unit_steps=True,
                    description="rescaled AdamW: lr/fan_in on matrices"),
     OptimizerEntry("sgd", _torch(torch.optim.SGD), frozenset({"momentum", "nesterov", "fused"}), default_lr=1e-2,
                    description="torch.optim.SGD"),
-    OptimizerEntry("adaptive-gd", _adaptive, frozenset({"layers", "nonfinite"}), default_lr=1.0,
+    OptimizerEntry("adaptive-gd", _adaptive, default_lr=1.0,
                    description="the convergence paper's adaptive gradient descent"),
 )}
 OPTIMIZER_NAMES = tuple(OPTIMIZERS)
