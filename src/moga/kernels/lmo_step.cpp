@@ -295,14 +295,6 @@ void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
   }
 }
 
-Kind kind_of(double p) {
-  if (p == 1) return Kind::Sign;
-  if (p == 2) return Kind::P2;
-  if (p == 1.5) return Kind::P15;
-  if (p == 2.5) return Kind::P25;
-  return Kind::Generic;
-}
-
 // ---- column mode ---------------------------------------------------------------------------------
 // Columns of a row-major (R, N) slice are normalized with two row-major sweeps, so that every access is
 // sequential: sweep A updates m and sums |d|^p per column, sweep B takes d from the new m
@@ -464,6 +456,15 @@ void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tens
 }
 
 // ---- dispatch and checks -------------------------------------------------------------------------
+
+// The exponents with a fast path of their own (powered), and sign.
+Kind kind_of(double p) {
+  if (p == 1) return Kind::Sign;
+  if (p == 2) return Kind::P2;
+  if (p == 1.5) return Kind::P15;
+  if (p == 2.5) return Kind::P25;
+  return Kind::Generic;
+}
 
 template <Kind K>
 using KindTag = std::integral_constant<Kind, K>;

@@ -9,7 +9,7 @@ import torch
 from moga.geometry import Geometry
 from moga.kernels import ops
 from moga.kernels.build import load_extension
-from moga.kernels.plan import fits, plan
+from moga.kernels.coverage import fits, plan
 from moga.layout import Layout
 from moga.numerics import Reduce, direction, phi
 
