@@ -16,6 +16,11 @@ class ReferenceStep:
         self.groups = param_groups
         self.state = {}
 
+    def zero_grad(self):
+        for group in self.groups:
+            for p in group["params"]:
+                p.grad = None
+
     @torch.no_grad()
     def step(self):
         for group in self.groups:

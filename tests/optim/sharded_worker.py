@@ -24,6 +24,8 @@ from moga.optim import MOGA, Muon, ScaledAdamW
 from moga.optim.sharded import reduce_key
 from moga.roles import MATRIX_ROLES
 
+from .reference import ReferenceStep
+
 STEPS = 5
 
 
@@ -78,6 +80,10 @@ def fsdp_case(name: str, mesh) -> dict:
     diffs = {n: (p.full_tensor() - q).abs().max().item()
              for (n, p), q in zip(model.named_parameters(), ref.parameters())}
     worst = max(diffs, key=diffs.get)
+    readable = gpt()  # moga.optim.functional, one whole tensor at a time
+    train(readable, ReferenceStep(FSDP_CASES[name](readable).param_groups))
+    functional_diff = max((p.full_tensor() - q).abs().max().item()
+                          for p, q in zip(model.parameters(), readable.parameters()))
     state_ok = all(
         isinstance(v, DTensor) and v.placements == p.placements
         for p in model.parameters() for v in opt.state[p].values() if torch.is_tensor(v) and v.ndim
@@ -85,7 +91,7 @@ def fsdp_case(name: str, mesh) -> dict:
     n_matrices = sum(1 for e in opt.plan if e.role in MATRIX_ROLES)
     geometries = [(e, parse_geometry(e.geometry)) for e in opt.plan if e.update == "lmo"]
     local_steps = sum(1 for e, g in geometries if covers(g) and reduce_key(e.param, g, as_layout(e.layout)) is None)
-    return {"diff": diffs[worst], "worst": worst, "diffs": {k: v for k, v in diffs.items() if v}, "state_sharded": state_ok, "calls": logs[-1].calls, "matrices": n_matrices,
+    return {"diff": diffs[worst], "worst": worst, "functional_diff": functional_diff, "diffs": {k: v for k, v in diffs.items() if v}, "state_sharded": state_ok, "calls": logs[-1].calls, "matrices": n_matrices,
             "kernel_calls": kernel_logs[-1].ops, "local_steps": local_steps,
             "matrix_bytes": sum(e.param.numel() * 4 for e in opt.plan if e.role in MATRIX_ROLES),
             "columns": sum(e.param.shape[1] for e in opt.plan if e.role in MATRIX_ROLES),

@@ -44,6 +44,7 @@ def test_fsdp_step_equals_one_process(results, name):
         got = r[f"fsdp/{name}"]
         assert got["placements"] == ["(Shard(dim=0),)"]
         assert got["diff"] <= TOL, got["diff"]
+        assert got["functional_diff"] <= TOL, got["functional_diff"]  # the readable step, whole tensors
         assert got["state_sharded"]
 
 
