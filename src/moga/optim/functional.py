@@ -6,9 +6,10 @@ A param group's ``update="lmo"`` step is steepest descent in its geometry (docs/
     d <- direction(g, m, beta, nesterov)      lerp(g, m, beta) with Nesterov, else m (g without momentum)
     W <- (1 - lr*wd) W + lr * lmo(d)          the geometry's LMO (moga.geometry, docs/math.md §2)
 
-where, for the fan_in ``n`` and fan_out ``m`` of the weight's layout, ``lmo(d)`` is ``-n^(-1/p) phi_p(d_r)``
-on each row r in ``row(p)``, ``-(m^(1/q)/n) phi_{q*}(d_c)`` on each column c in ``col(q)`` (``embedding``:
-no ``1/n``), ``-sign(d)/n`` in ``sign``, ``-sqrt(m/n) U V^T`` in ``spectral`` (Muon), ``-sign(d)`` for vectors;
+where, with ``n_in`` and ``n_out`` the fan_in and fan_out of the weight's layout, ``lmo(d)`` is
+``-n_in^(-1/p) phi_p(d_r)`` on each row r in ``row(p)``, ``-(n_out^(1/q)/n_in) phi_{q*}(d_c)`` on each column c
+in ``col(q)`` (``embedding``: no ``1/n_in``), ``-sign(d)/n_in`` in ``sign``, ``-sqrt(n_out/n_in) U V^T`` in
+``spectral`` (Muon), ``-sign(d)`` for vectors;
 ``phi_p(d) = sign(d) |d|^(p-1) / ||d||_p^(p-1)`` (:func:`moga.numerics.phi`). ``update="adam"`` puts Adam's
 ``m_hat / (sqrt(v_hat) + eps)`` in place of ``sign(d)`` in a sign geometry, as torch.optim.AdamW with
 ``lr * c`` (``c`` the geometry's factor).
