@@ -177,6 +177,38 @@ def test_the_ablation_against_a_baseline_gives_each_value_its_gap_to_the_best_tu
     assert "vs tuned adamw" in text and "adamw tuned at width 256: lr 0.00195312" in text
 
 
+def test_a_follow_up_sweep_is_judged_with_the_first_against_its_default(tmp_path):
+    """A second sweep adds a choice (the table's lr multiplier) with its default excluded: judged together, its
+    rows take the first sweep's defaults and its value is compared with the first sweep's default cells."""
+    first = sweep_dict()
+    first["axes"] = {"optim.geometries.readout": ["row(p=2)", "sign"], "model.n_embd": [64], "seed": SEEDS,
+                     "optim.lr": {"pow2": [-6, -2]}}
+    follow = sweep_dict()
+    follow["axes"] = {"optim.lr_multipliers.embedding": [1.0, 0.125], "model.n_embd": [64], "seed": SEEDS,
+                      "optim.lr": {"pow2": [-6, -2]}}
+    follow["exclude"] = [{"optim.lr_multipliers.embedding": 1.0}]
+    shape = {("row(p=2)", 1.0): (-4, 1.0), ("sign", 1.0): (-4, 1.01), ("row(p=2)", 0.125): (-3, 0.94)}
+
+    def loss(p):
+        key = (p.get("optim.geometries.readout", "row(p=2)"), p.get("optim.lr_multipliers.embedding", 1.0))
+        return parabola(*shape[key])(p["optim.lr"]) * (1 + 0.001 * p["seed"])
+
+    store_losses(tmp_path / "a", Sweep.from_dict(first), loss)
+    store_losses(tmp_path / "b", Sweep.from_dict(follow), loss)
+    text = quality.ablation_report([tmp_path / "a", tmp_path / "b"])
+    entries = json.loads((tmp_path / "a" / "ablation.json").read_text())
+    got = {tuple(e["variant"].values()): (e["lr"], round(e["relative"], 6)) for e in entries}
+    assert got == {("row(p=2)", 1.0): (2.0**-4, 0.0), ("sign", 1.0): (2.0**-4, 0.01),
+                   ("row(p=2)", 0.125): (2.0**-3, -0.06)}
+    assert "lr_multipliers.embedding=0.125" in text
+    other = sweep_dict()  # another base config: not the same experiment
+    other["axes"] = follow["axes"]
+    other["base"]["train"]["steps"] = 4
+    store_losses(tmp_path / "c", Sweep.from_dict(other), loss)
+    with pytest.raises(SystemExit, match="base config differ"):
+        quality.ablation_report([tmp_path / "a", tmp_path / "c"])
+
+
 def test_the_shipped_quality_reproduction_is_judged_by_this_module():
     rep = get("quality")
     assert rep.kind == "quality" and rep.raw["quality"]["baselines"] == ["adamw", "muon"]

@@ -12,7 +12,9 @@ edge). The claim held when every cell held, failed when any failed, and is undec
 
 The ablation (``configs/sweeps/ablation_*.yaml``) uses the same comparison: each value of the ablated axes at
 its own tuned lr against MOGA's default (the first value of each axis), per width:
-``python -m moga.experiments.reproduce.quality ablation RUN_DIR``. ``... transfer RUN_DIR`` asks of a sweep over
+``python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...]`` (a follow-up sweep that adds a
+choice is judged with the first), or against the best baseline tuned at each width, the gap:
+``... ablation RUN_DIR --baseline BASELINE_RUN_DIR`` (``configs/sweeps/gap_*.yaml``). ``... transfer RUN_DIR`` asks of a sweep over
 one optimizer whether the value of its ``lr_key`` tuned at the smallest width (e.g. a role's lr multiplier,
 ``configs/sweeps/multiplier_transfer.yaml``) serves every width.
 """
@@ -299,17 +301,16 @@ def ablation_table(entries: list[dict]) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def ablation_report(run_dir: Path, baseline_dir: Path | None = None) -> str:
-    """The ablation table of a sweep run directory (``moga sweep configs/sweeps/ablation_*.yaml --out RUN_DIR``);
-    with ``baseline_dir`` (a sweep of a baseline optimizer over the same widths) each value against it."""
+def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | None = None) -> str:
+    """The ablation table of one or more sweep run directories (``moga sweep configs/sweeps/ablation_*.yaml
+    --out RUN_DIR``); with ``baseline_dir`` (a sweep of a baseline optimizer over the same widths) each value
+    against it. Several directories are judged as one sweep (see :func:`merged_ablation`); the table's json goes
+    to the first."""
     from moga.sweep.results import records
     from moga.sweep.store import SweepStore
 
-    store = SweepStore(run_dir)
-    spec = store.definition()["spec"]
-    rows = records(store)
-    if not rows:
-        raise SystemExit(f"{run_dir}: no settled cell yet")
+    run_dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
+    rows, spec = merged_ablation(run_dirs)
     baseline = None
     if baseline_dir is not None:
         baseline = records(SweepStore(baseline_dir))
@@ -317,8 +318,46 @@ def ablation_report(run_dir: Path, baseline_dir: Path | None = None) -> str:
             raise SystemExit(f"{baseline_dir}: no settled cell yet")
     entries = ablation(rows, spec["axes"], scale_key=spec["scale_key"], lr_key=spec["lr_key"], baseline=baseline)
     name = "ablation.json" if baseline is None else "ablation-baseline.json"
-    (Path(run_dir) / name).write_text(json.dumps(_finite(entries), indent=1) + "\n")
+    (run_dirs[0] / name).write_text(json.dumps(_finite(entries), indent=1) + "\n")
     return ablation_table(entries)
+
+
+def merged_ablation(run_dirs: list[Path]) -> tuple[list[dict], dict]:
+    """The rows and spec of several ablation sweeps judged as one: a follow-up sweep adds a choice without
+    running the default again. Their base configs, scale and lr keys must agree, and each ablated axis must have
+    the same first value (the default) wherever it appears. A row that lacks an axis ran with that axis' default
+    (its config never set it), so it is filled in with it; the merged axes list every value in order seen."""
+    from moga.sweep.results import records
+    from moga.sweep.store import SweepStore
+
+    rows, axes, first = [], {}, None
+    for run_dir in run_dirs:
+        definition = SweepStore(run_dir).definition()
+        spec = definition["spec"]
+        if first is None:
+            first = (definition, run_dir)
+        else:
+            agree = {k: first[0]["spec"][k] == spec[k] for k in ("scale_key", "lr_key")}
+            agree["base config"] = first[0]["base"] == definition["base"]
+            if not all(agree.values()):
+                raise SystemExit(f"{run_dir} cannot be judged with {first[1]}: their "
+                                 f"{', '.join(k for k, ok in agree.items() if not ok)} differ")
+        for key, values in spec["axes"].items():
+            if key not in axes:
+                axes[key] = values
+            elif isinstance(values, list) and isinstance(axes[key], list):
+                if key not in (spec["scale_key"], spec["lr_key"], "seed") and values[0] != axes[key][0]:
+                    raise SystemExit(f"{run_dir}: axis {key} starts with {values[0]!r}, another directory's with "
+                                     f"{axes[key][0]!r}; the first value is the default and must be the same")
+                axes[key] = axes[key] + [v for v in values if v not in axes[key]]
+        found = records(SweepStore(run_dir))
+        if not found:
+            raise SystemExit(f"{run_dir}: no settled cell yet")
+        rows.extend(found)
+    spec = {**first[0]["spec"], "axes": axes}
+    defaults = {k: v[0] for k, v in axes.items() if isinstance(v, list)
+                and k not in (spec["scale_key"], spec["lr_key"], "seed")}
+    return [{**defaults, **r} for r in rows], spec
 
 
 def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
@@ -340,13 +379,17 @@ def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
     return f"{spec['lr_key']} tuned at width {cells[0]['tuned_at']}, against each width's own best\n" + table(cells)
 
 
-USAGE = "usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [--baseline RUN_DIR] | transfer RUN_DIR"
+USAGE = ("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...] [--baseline RUN_DIR]"
+         " | transfer RUN_DIR")
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if args[:1] == ["ablation"] and len(args) == 4 and args[2] == "--baseline":
-        print(ablation_report(Path(args[1]), Path(args[3])))
-    elif len(args) == 2 and args[0] in ("ablation", "transfer"):
-        print((ablation_report if args[0] == "ablation" else transfer_report)(Path(args[1])))
+    baseline_dir = None
+    if len(args) >= 2 and args[-2] == "--baseline":
+        args, baseline_dir = args[:-2], Path(args[-1])
+    if args[:1] == ["ablation"] and len(args) >= 2 and "--baseline" not in args:
+        print(ablation_report([Path(a) for a in args[1:]], baseline_dir))
+    elif args[:1] == ["transfer"] and len(args) == 2 and baseline_dir is None:
+        print(transfer_report(Path(args[1])))
     else:
         raise SystemExit(USAGE)
