@@ -45,7 +45,7 @@ def test_shared_options_reach_the_optimizer_and_a_fixed_one_is_refused():
         assert (opt.nonfinite, opt.state_dtype, opt.master_weights, opt.kernel) == (
             "raise", torch.bfloat16, True, "torch")
         assert all(g["betas"] == (0.8, 0.9) and g["eps"] == 1e-6 for g in opt.param_groups)
-    with pytest.raises(TypeError, match="momentum"):
-        ScaledAdamW(TinyNet(), overrides=TINY_OVERRIDES, momentum=0.9)  # Adam keeps its own moments
-    with pytest.raises(TypeError, match="nonfinite_policy"):
-        MOGA(TinyNet(), overrides=TINY_OVERRIDES, nonfinite_policy="skip")
+    for cls, fixed in [(ScaledAdamW, "momentum"), (ScaledAdamW, "update"), (Muon, "geometry"), (MOGA, "update"),
+                       (MOGA, "nonfinite_policy")]:  # fixed by the class (Adam keeps its own moments), or unknown
+        with pytest.raises(TypeError, match=f"{cls.__name__}.*'{fixed}'"):
+            cls(TinyNet(), overrides=TINY_OVERRIDES, **{fixed: "x"})

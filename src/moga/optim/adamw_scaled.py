@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from moga.geometry import INF, Embedding, Sign
 from moga.optim.base import GeometryOptimizer
-from moga.optim.options import SHARED_DEFAULTS, SharedOptions
+from moga.optim.options import SHARED_DEFAULTS, SharedOptions, shared
 from moga.roles import role_geometries
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
@@ -35,4 +35,4 @@ class ScaledAdamW(GeometryOptimizer):
         # Plain params get the hidden-matrix rule; a model's role plan decides per parameter. Adam keeps its own
         # moments (betas): no steepest-descent momentum.
         super().__init__(params, lr, momentum=0.0, nesterov=False, weight_decay=weight_decay, betas=betas, eps=eps,
-                         geometry=Sign(), update="adam", **options)
+                         geometry=Sign(), update="adam", **shared(type(self), options))

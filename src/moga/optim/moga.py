@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from moga.geometry import Embedding, Geometry, Row
 from moga.optim.base import GeometryOptimizer
-from moga.optim.options import SharedOptions
+from moga.optim.options import SharedOptions, shared
 from moga.roles import MOGA_GEOMETRIES, role_geometries
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
@@ -44,4 +44,4 @@ class MOGA(GeometryOptimizer):
         """``options``: the keywords every geometry optimizer shares (:class:`~moga.optim.options.SharedOptions`)."""
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(params, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-                         geometry=geometry, **options)
+                         geometry=geometry, **shared(type(self), options))

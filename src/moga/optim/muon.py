@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from moga.geometry import Embedding, Spectral
 from moga.optim.base import GeometryOptimizer
-from moga.optim.options import SharedOptions
+from moga.optim.options import SharedOptions, shared
 from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS
 from moga.roles import role_geometries
 
@@ -51,4 +51,4 @@ class Muon(GeometryOptimizer):
         spectral = Spectral(method=method, steps=ns_steps, coefficients=ns_coefficients, dtype=ns_dtype, scale=scale)
         self.role_geometries = role_geometries(spectral, Embedding(embedding_q), vectors)
         super().__init__(params, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-                         geometry=spectral, **options)
+                         geometry=spectral, **shared(type(self), options))

@@ -37,6 +37,16 @@ SHARED_DEFAULTS: SharedOptions = dict(
 )
 
 
+def shared(cls: type, options: dict) -> dict:
+    """``options`` as passed on by ``cls``'s ``**options``: shared options only (a class fixes the rest, such
+    as Muon's geometry or ScaledAdamW's update, and must not let one through unread)."""
+    unknown = sorted(set(options) - set(SharedOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"{cls.__name__}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides "
+                        f"its own it takes the shared options {', '.join(SharedOptions.__annotations__)}")
+    return options
+
+
 def real(name: str, v) -> float:
     """A finite real number of any kind (int, float, numpy scalar, 0-d tensor) as a Python float."""
     if isinstance(v, torch.Tensor) and v.ndim == 0 and not v.is_complex() and v.dtype != torch.bool:
