@@ -1,21 +1,23 @@
 """`moga coordcheck`: muP's coordinate check, for any optimizer here and torch's AdamW as the control.
 
-For each width (and depth), a fresh model takes a few optimizer steps on one fixed batch. After step t,
-the same batch goes forward again and every layer with a weight matrix records
+For each width (and depth), a fresh model goes forward on one fixed batch at init (step 0), then takes a
+few optimizer steps on it. After step t the same batch goes forward again and every layer with a weight
+matrix records
 
-- ``output``: the RMS of its output, ``rms(f(x; theta_t))``;
-- ``update``: the RMS of its update's effect on that output, ``rms(f(x; theta_t) - f(x; theta_{t-1}))``, the
+- ``output``: the RMS of its output, ``rms(f(x; theta_t))`` (also at step 0);
+- ``update``: the RMS of its step's effect on that output, ``rms(f(x; theta_t) - f(x; theta_{t-1}))``, the
   same input ``x`` through the layer before and after its own step;
+- ``gain``: ``update`` over the RMS of ``x``: the step's own size, whatever scale the init gave its input
+  (a row(2) step changes each output by at most ``lr x rms(x)``, docs/math.md §2.7);
 - ``norm``: the size of its weight step ``||W_t - W_{t-1}||`` in its own geometry (the optimizer's role plan;
   MOGA's plan for torch's AdamW). A steepest-descent step has norm ``lr`` by construction (docs/math.md §1.4).
 
 A learning rate transfers across width when these do not depend on it: the slope of ``log value`` against
-``log width`` is about 0 (flat). The verdict calls a layer flat when ``|slope| <= tolerance`` at every step
-for the judged quantities, and says which blow up (slope > tolerance) or vanish. By default it judges the
-update's effect, the part the optimizer controls; the output RMS also carries the initialisation (PyTorch's
-default init is not muP's: a readout initialised at ``1/sqrt(width)`` moves the logits faster at larger
-width through the change of its input, whatever the optimizer), so it is printed and judged on request.
-AdamW without width factors is the control: its hidden and readout updates grow like ``width`` (slope 1).
+``log width`` is about 0 (flat). The verdict splits the drift in two parts per layer (:class:`LayerVerdict`):
+the output at step 0 (the initialization's doing: nanoGPT's fixed ``N(0, 0.02^2)`` makes every matrix's
+output grow like ``sqrt(width)``) and the gain after each step (the optimizer's doing). ``init="width"``
+redraws the matrices by a width-aware init (:mod:`moga.models.init`), so that what is left is the
+optimizer's. AdamW without width factors is the control: its hidden and readout gains grow like ``width``.
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ from moga.depth import residual_alpha
 from moga.optim.registry import OPTIMIZERS as REGISTRY
 from moga.roles import build_plan
 
-QUANTITIES = ("output", "update", "norm")
-JUDGED = ("update",)  # the norm is lr by construction for steepest descent; it is shown, not judged
+QUANTITIES = ("output", "update", "gain", "norm")
 CONTROL = "adamw"  # torch's AdamW: no width factors
 OPTIMIZERS = ("moga", "muon", "adamw-scaled", CONTROL)
 DEFAULT_LR = {"moga": 2**-4, "muon": 0.02, "adamw-scaled": 2**-6, CONTROL: 2**-6}
@@ -154,12 +155,14 @@ class Record:
     optimizer: str
     width: int
     depth: int | None
-    step: int
+    step: int  # 0: at init, before any step
     layer: str
     role: str
     output: float
     update: float
     norm: float
+    input: float = math.nan  # RMS of the layer's input (NaN for an embedding's indices)
+    gain: float = 0.0  # update over input: the step's own size, whatever the input's scale
 
 
 def rms(t: torch.Tensor) -> float:
@@ -183,50 +186,61 @@ def tracked_layers(model: nn.Module, plan) -> dict[str, tuple[nn.Module, str, ob
 
 
 def run_one(problem: Problem, optimizer: str, lr: float, steps: int, width: int, depth: int | None) -> list[Record]:
+    """Step 0 (at init), then after each of ``steps`` steps: every tracked layer on the same batch."""
     model = problem.model
     base, options = optimizer_spec(optimizer)
     opt = REGISTRY[base].build(model, lr=lr, **options)
     plan = getattr(opt, "plan", None) or build_plan(model)  # the control is measured in MOGA's geometries
     layers = tracked_layers(model, plan)
     seen: dict[str, tuple] = {}
-    capture = [True]
 
     def hook(name):
         def record(module, args, kwargs, output):
-            if capture[0]:
-                seen[name] = (args, kwargs, output)
+            seen[name] = (args, kwargs, output)
         return record
 
-    handles = [m.register_forward_hook(hook(name), with_kwargs=True) for name, (m, _, _) in layers.items()]
-    records = []
-    try:
-        for step in range(1, steps + 1):
-            before = {name: {p: t.detach().clone() for p, t in m.named_parameters(recurse=False)}
-                      for name, (m, _, _) in layers.items()}
-            opt.zero_grad(set_to_none=True)
-            problem.loss(model, problem.inputs, problem.targets).backward()
-            opt.step()
+    def measure(step: int, before: dict | None) -> list[Record]:
+        seen.clear()
+        handles = [m.register_forward_hook(hook(name), with_kwargs=True) for name, (m, _, _) in layers.items()]
+        try:
             with torch.no_grad():
-                seen.clear()
-                problem.loss(model, problem.inputs, problem.targets)  # the same batch, after the step
-                capture[0] = False
-                for name, (module, pname, entry) in layers.items():
-                    args, kwargs, output = seen[name]
-                    previous = functional_call(module, before[name], args, kwargs)
-                    out = _tensor(output)
-                    step_w = getattr(module, pname) - before[name][pname]
-                    records.append(Record(
-                        optimizer, width, depth, step, name, entry.role, rms(out), rms(out - _tensor(previous)),
-                        _geometry_norm(entry, step_w)))
-                capture[0] = True
-    finally:
-        for h in handles:
-            h.remove()
+                problem.loss(model, problem.inputs, problem.targets)  # the same batch every time
+        finally:
+            for h in handles:
+                h.remove()
+        out = []
+        with torch.no_grad():
+            for name, (module, pname, entry) in layers.items():
+                args, kwargs, output = seen[name]
+                y, x_rms = _tensor(output), _input_rms(args, kwargs)
+                if before is None:
+                    out.append(Record(optimizer, width, depth, step, name, entry.role, rms(y), 0.0, 0.0, x_rms))
+                    continue
+                effect = rms(y - _tensor(functional_call(module, before[name], args, kwargs)))
+                step_w = getattr(module, pname) - before[name][pname]
+                out.append(Record(optimizer, width, depth, step, name, entry.role, rms(y), effect,
+                                  _geometry_norm(entry, step_w), x_rms, effect / x_rms if x_rms > 0 else effect))
+        return out
+
+    records = measure(0, None)
+    for step in range(1, steps + 1):
+        before = {name: {p: t.detach().clone() for p, t in m.named_parameters(recurse=False)}
+                  for name, (m, _, _) in layers.items()}
+        opt.zero_grad(set_to_none=True)
+        problem.loss(model, problem.inputs, problem.targets).backward()
+        opt.step()
+        records += measure(step, before)
     return records
 
 
 def _tensor(output) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
+
+
+def _input_rms(args, kwargs) -> float:
+    """RMS of a layer's first floating input; NaN when it reads indices (an embedding: one-hot inputs, norm 1)."""
+    x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    return rms(x) if x is not None and x.is_floating_point() else math.nan
 
 
 def _geometry_norm(entry, step: torch.Tensor) -> float:
@@ -235,7 +249,7 @@ def _geometry_norm(entry, step: torch.Tensor) -> float:
     return float(parse_geometry(entry.geometry).norm(step.double(), entry.layout))
 
 
-# --- slopes, verdict, plot ------------------------------------------------------------------------------
+# --- slopes and verdicts: which part drifts ----------------------------------------------------------------
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -250,23 +264,45 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
+def trend(value: float, tolerance: float) -> str:
+    if abs(value) <= tolerance:
+        return "flat"
+    return "grows" if value > 0 or not math.isfinite(value) else "vanishes"
+
+
 @dataclass
 class LayerVerdict:
+    """Two parts per layer, each the slope of log RMS against log width:
+
+    - ``init``: the layer's output at step 0, before any step: the initialization's doing;
+    - ``update``: the layer's own step's effect on its output over its input's RMS (``gain``), the
+      largest ``|slope|`` over steps 1..t (at ``update_step``): the optimizer's doing, whatever scale
+      the init gave the input.
+
+    ``verdict`` names the parts at fault: ``flat``, ``init``, ``optimizer`` or ``init and optimizer``. A
+    readout whose output vanishes at init is not at fault (muP's readout: its update sets its scale)."""
+
     optimizer: str
     depth: int | None
     layer: str
     role: str
-    slopes: dict[str, list[float]]  # quantity -> slope at each step
-    verdict: str  # "flat", "blows up" or "vanishes"
-    worst: str = field(default="")  # the quantity and step with the largest |slope|
+    slopes: dict[str, list[float]]  # quantity -> slope at each step, step 0 first
+    init: float
+    update: float
+    update_step: int
+    tolerance: float
+    verdict: str
 
-    def line(self) -> str:
-        last = {q: self.slopes[q][-1] for q in QUANTITIES}
-        cells = "  ".join(f"{q} {last[q]:+.2f}" for q in QUANTITIES)
-        return f"{self.layer:<28} {self.role:<9} {cells}  {self.verdict}{' (' + self.worst + ')' if self.worst else ''}"
+    def parts(self) -> dict[str, str]:
+        return {"init": trend(self.init, self.tolerance), "optimizer": trend(self.update, self.tolerance)}
+
+    def line(self, name_width: int = 28) -> str:
+        p = self.parts()
+        return (f"{self.layer:<{name_width}}  {self.role:<9}  init {self.init:+.2f} {p['init']:<8}  update "
+                f"{self.update:+.2f} {p['optimizer']:<8} (step {self.update_step})  -> {self.verdict}")
 
 
-def verdicts(records: list[Record], tolerance: float = 0.1, judged: Sequence[str] = JUDGED) -> list[LayerVerdict]:
+def verdicts(records: list[Record], tolerance: float = 0.1) -> list[LayerVerdict]:
     """One verdict per (optimizer, depth, layer) from the slopes against width at every step."""
     groups: dict[tuple, list[Record]] = {}
     for r in records:
@@ -280,18 +316,24 @@ def verdicts(records: list[Record], tolerance: float = 0.1, judged: Sequence[str
             for s in steps:
                 at = sorted((r.width, getattr(r, q)) for r in rs if r.step == s)
                 slopes[q].append(slope([w for w, _ in at], [v for _, v in at]))
-        scored = [(abs(v) if math.isfinite(v) else math.inf, v, q, s)
-                  for q in judged for s, v in zip(steps, slopes[q])]
-        size, value, q, s = max(scored)
-        verdict = "flat" if size <= tolerance else ("blows up" if value > 0 or not math.isfinite(value) else "vanishes")
-        worst = "" if verdict == "flat" else f"{q} slope {value:+.2f} at step {s}"
-        out.append(LayerVerdict(optimizer, depth, layer, rs[0].role, slopes, verdict, worst))
+        init = slopes["output"][steps.index(0)] if 0 in steps else 0.0
+        stepped = [(abs(v) if math.isfinite(v) else math.inf, v, s) for s, v in zip(steps, slopes["gain"]) if s > 0]
+        _, update, at_step = max(stepped) if stepped else (0.0, 0.0, 0)
+        role = rs[0].role
+        init_trend = trend(init, tolerance)
+        faults = [part for part, bad in (
+            ("init", init_trend == "grows" or (init_trend == "vanishes" and role != "readout")),
+            ("optimizer", trend(update, tolerance) != "flat")) if bad]
+        out.append(LayerVerdict(optimizer, depth, layer, role, slopes, init, update, at_step, tolerance,
+                                " and ".join(faults) or "flat"))
     return out
 
 
 def plot(records: list[Record], path: Path, optimizer: str, depth: int | None = None) -> Path:
-    """Writes :func:`figure` to ``path``."""
+    """Writes :func:`moga.experiments.coordcheck_plot.figure` to ``path``."""
     import matplotlib.pyplot as plt
+
+    from moga.experiments.coordcheck_plot import figure
 
     fig = figure(records, optimizer, depth)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -300,44 +342,19 @@ def plot(records: list[Record], path: Path, optimizer: str, depth: int | None = 
     return path
 
 
-def figure(records: list[Record], optimizer: str, depth: int | None = None):
-    """mup's coord-check figure: a row per quantity, a column per step, value against width per layer."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rs = [r for r in records if r.optimizer == optimizer and r.depth == depth]
-    steps, layers = sorted({r.step for r in rs}), list(dict.fromkeys(r.layer for r in rs))
-    fig, axes = plt.subplots(len(QUANTITIES), len(steps), figsize=(3 * len(steps), 2.6 * len(QUANTITIES)),
-                             squeeze=False, sharex=True)
-    titles = {"output": "RMS of output", "update": "RMS of update's effect", "norm": "update norm (geometry)"}
-    for row, q in enumerate(QUANTITIES):
-        for col, s in enumerate(steps):
-            ax = axes[row][col]
-            for layer in layers:
-                at = sorted((r.width, getattr(r, q)) for r in rs if r.step == s and r.layer == layer)
-                ax.plot([w for w, _ in at], [v for _, v in at], marker="o", ms=3, label=layer)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_title(f"{titles[q]}, step {s}", fontsize=8)
-            if row == len(QUANTITIES) - 1:
-                ax.set_xlabel("width")
-    axes[0][-1].legend(fontsize=6, loc="best")
-    fig.suptitle(f"coordinate check: {optimizer}" + (f", depth {depth}" if depth is not None else ""))
-    fig.tight_layout()
-    return fig
-
-
 # --- the whole check -----------------------------------------------------------------------------------
+
+INITS = ("default", "width")
 
 
 def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZERS,
                widths: Sequence[int] = (64, 128, 256, 512, 1024), depths: Sequence[int] | None = None,
                steps: int = 5, lrs: dict[str, float] | None = None, seed: int = 0, tolerance: float = 0.1,
-               judged: Sequence[str] = JUDGED) -> tuple[list[Record], list[LayerVerdict]]:
-    if not judged or set(judged) - set(QUANTITIES):
-        raise ValueError(f"judge must name some of {', '.join(QUANTITIES)}, got {list(judged)}")
+               init: str = "default") -> tuple[list[Record], list[LayerVerdict]]:
+    """``init="width"`` redraws every matrix by :func:`moga.models.init.width_aware_init` before the check;
+    ``"default"`` keeps the model's own init."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {', '.join(INITS)}, got {init!r}")
     unknown = [o for o in optimizers if optimizer_spec(o)[0] not in OPTIMIZERS]
     if unknown:
         raise ValueError(f"unknown optimizer(s) {unknown}; choose from {', '.join(OPTIMIZERS)}")
@@ -352,21 +369,35 @@ def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZE
         for depth in depths or [None]:
             for width in widths:
                 kwargs = {"width": width, "seed": seed, **({"depth": depth} if depth is not None else {})}
-                records += run_one(build(**kwargs), optimizer, lr, steps, width, depth)
-    return records, verdicts(records, tolerance, judged)
+                problem = build(**kwargs)
+                if init == "width":
+                    from moga.models.init import width_aware_init
+
+                    width_aware_init(problem.model, seed=seed)
+                records += run_one(problem, optimizer, lr, steps, width, depth)
+    return records, verdicts(records, tolerance)
 
 
 def report(records: list[Record], found: list[LayerVerdict], out: Path | None) -> str:
-    lines = []
+    if not found:
+        return ""
+    name_width = max(len("layer"), *(len(v.layer) for v in found))
+    t = found[0].tolerance
+    lines = [f"Per layer, the slope of log RMS against log width; a part is flat when |slope| <= {t:g}.",
+             "  init: the layer's output at step 0, before any step (the initialization's doing);",
+             "  update: its own step's effect on its output over its input's RMS, the worst step (the "
+             "optimizer's doing).",
+             "  A readout whose output vanishes at init is not at fault (muP's readout: the update sets its scale)."]
     for optimizer in dict.fromkeys(v.optimizer for v in found):
         for depth in dict.fromkeys(v.depth for v in found if v.optimizer == optimizer):
             group = [v for v in found if v.optimizer == optimizer and v.depth == depth]
-            bad = [v for v in group if v.verdict != "flat"]
             head = f"{optimizer}" + (f" depth {depth}" if depth is not None else "")
-            summary = "all layers flat" if not bad else ", ".join(f"{v.layer} {v.verdict}" for v in bad)
+            faults = [(part, [v.layer for v in group if part in v.verdict]) for part in ("init", "optimizer")]
+            summary = "; ".join(f"{part} drifts on {len(names)} ({', '.join(names)})" for part, names in faults
+                                if names) or "all layers flat"
             lines.append(f"== {head}: {summary}")
-            lines.append(f"{'layer':<28} {'role':<9} slope of log value vs log width at the last step; verdict")
-            lines += [v.line() for v in group]
+            lines.append(f"{'layer':<{name_width}}  {'role':<9}  {'init (step 0)':<20}  update (worst step)")
+            lines += [v.line(name_width) for v in group]
             if out is not None:
                 label = re.sub(r"[^\w.-]+", "_", optimizer)
                 name = f"coordcheck_{label}" + (f"_depth{depth}" if depth is not None else "") + ".png"
@@ -406,15 +437,17 @@ def coordcheck_command(
     depths: str = typer.Option(None, help="comma-separated depths (default: the model's own)"),
     steps: int = typer.Option(5, min=1, help="optimizer steps per width"),
     lr: float = typer.Option(None, help="one learning rate for every optimizer (default: each one's own)"),
-    tolerance: float = typer.Option(0.1, help="a layer is flat when |slope| <= tolerance"),
-    judge: str = typer.Option(",".join(JUDGED), help="quantities the verdict judges: update, output, norm"),
+    tolerance: float = typer.Option(0.1, help="a part is flat when |slope| <= tolerance"),
+    init: str = typer.Option("default", help="default: the model's own init; width: a width-aware init by "
+                             "role (moga.models.init), so that what drifts is the optimizer's"),
     seed: int = typer.Option(0),
     out: Path = typer.Option(Path("runs/coordcheck"), "--out", "-o", help="figures and coordcheck.json go here"),
     no_import: bool = typer.Option(False, "--no-import", help="refuse a package.module:factory model (it would "
                                    "import and run code); also MOGA_NO_IMPORT=1"),
 ) -> None:
-    """muP's coordinate check: per layer, output RMS, update effect and update norm against width after
-    each of a few steps; slopes of log RMS vs log width, and a verdict per layer."""
+    """muP's coordinate check: per layer, output RMS at init and after each of a few steps, the step's
+    effect and norm, against width; slopes of log RMS vs log width, and a verdict per layer that says
+    whether the init or the optimizer drifts."""
     if no_import:
         from moga.train.cli import refuse_imports
 
@@ -422,8 +455,7 @@ def coordcheck_command(
     names = [o.strip() for o in optim.split(",") if o.strip()]
     lrs = {o: lr for o in names} if lr is not None else None
     try:
-        records, found = coordcheck(model, names, _ints(widths), _ints(depths), steps, lrs, seed, tolerance,
-                                    [q.strip() for q in judge.split(",") if q.strip()])
+        records, found = coordcheck(model, names, _ints(widths), _ints(depths), steps, lrs, seed, tolerance, init)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     typer.echo(report(records, found, out))
