@@ -209,6 +209,17 @@ def test_a_follow_up_sweep_is_judged_with_the_first_against_its_default(tmp_path
         quality.ablation_report([tmp_path / "a", tmp_path / "c"])
 
 
+def test_a_value_run_on_one_seed_is_not_said_to_move_the_loss():
+    """One seed on a side leaves the bootstrap only the other side's seeds: a narrow interval that means nothing."""
+    rows = [{"m": m, "w": 64, "seed": s, "optim.lr": 0.1, "train_loss": loss}
+            for m, s, loss in ((0.9, 0, 2.0), (0.9, 1, 2.01), (0.9, 2, 2.02), (0.95, 0, 2.2))]
+    entries = quality.ablation(rows, {"m": [0.9, 0.95], "w": [64], "seed": [0, 1, 2], "optim.lr": [0.1]},
+                               scale_key="w")
+    one = next(e for e in entries if not e["default"])
+    assert one["low"] > 0.08 and one["moves"] is None
+    assert "| 1 | +9.5% [" in quality.ablation_table(entries) and "one seed" in quality.ablation_table(entries)
+
+
 def test_the_shipped_quality_reproduction_is_judged_by_this_module():
     rep = get("quality")
     assert rep.kind == "quality" and rep.raw["quality"]["baselines"] == ["adamw", "muon"]

@@ -235,7 +235,7 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
              baseline: list[dict] | None = None) -> list[dict]:
     """Each combination of the ablated axes (every axis but scale, lr and seed) at its own tuned lr against the
     default (each axis' first value), per width: relative loss with its interval; ``moves`` when the interval
-    excludes 0. With ``baseline`` (the rows of another sweep, e.g. AdamW's), each combination is compared with
+    excludes 0 (None when a side has one seed). With ``baseline`` (the rows of another sweep, e.g. AdamW's), each combination is compared with
     the baseline tuned at that width instead (the optimizer of lowest seed mean at its own best lr): the gap."""
     choice_keys = [k for k in axes if k not in (scale_key, lr_key, seed_key)]
     plain = [k for k in choice_keys if not isinstance(axes[k], list)]
@@ -264,7 +264,8 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
             a, b = list(grid[lr].values()), list(ref_grid[ref_lr].values())
             point, low, high = relative_interval(a, b, resamples=resamples)
             out.append({**entry, "loss": _mean(a), "losses": a, "reference_loss": _mean(b), "relative": point,
-                        "low": low, "high": high, "moves": not (low <= 0 <= high)})
+                        # one seed on a side: the interval resamples only the other side's, it says nothing
+                        "low": low, "high": high, "moves": not (low <= 0 <= high) if min(len(a), len(b)) > 1 else None})
     return out
 
 
@@ -283,17 +284,21 @@ def _tuned_baseline(rows: list[dict], scale_key: str, scale, lr_key: str, seed_k
 def ablation_table(entries: list[dict]) -> str:
     ref = entries[0]["reference"] if entries else {"name": "default"}
     against = "default" if ref["name"] == "default" else "tuned " + ref["name"]
-    lines = [f"| width | variant | tuned lr | loss (seed mean) | vs {against} [95%] | moves |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| width | variant | tuned lr | loss (seed mean) | seeds | vs {against} [95%] | moves |",
+             "|---|---|---|---|---|---|---|"]
+    default = next((e["variant"] for e in entries if e["default"]), {})
     for e in entries:
-        name = (", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in e["variant"].items())  # optim.p -> p
+        shown = e["variant"].items() if e["default"] else [(k, v) for k, v in e["variant"].items()
+                                                            if k not in default or default[k] != v]
+        name = (", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in shown)  # optim.p -> p; a variant: what it changes
                 + (" (default)" if e["default"] else ""))
         if "relative" not in e:
-            lines.append(f"| {e['scale']} | {name} | | | {e.get('note', '')} | |")
+            lines.append(f"| {e['scale']} | {name} | | | | {e.get('note', '')} | |")
             continue
         lr = f"{e['lr']:g}" + (" (edge)" if e["lr_on_edge"] else "")
-        lines.append(f"| {e['scale']} | {name} | {lr} | {e['loss']:.4f} | {_pct(e['relative'])} [{_pct(e['low'])}, "
-                     f"{_pct(e['high'])}] | {'yes' if e['moves'] else 'no'} |")
+        lines.append(f"| {e['scale']} | {name} | {lr} | {e['loss']:.4f} | {len(e['losses'])} | {_pct(e['relative'])} "
+                     f"[{_pct(e['low'])}, "
+                     f"{_pct(e['high'])}] | {'one seed' if e['moves'] is None else 'yes' if e['moves'] else 'no'} |")
     tuned = {e["scale"]: e for e in entries if e["reference"].get("lr") is not None and "relative" in e}
     notes = [f"{e['reference']['name']} tuned at width {scale}: lr {e['reference']['lr']:g}"
              + (" (edge)" if e["reference"]["lr_on_edge"] else "") + f", loss {e['reference_loss']:.4f}"
