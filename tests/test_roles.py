@@ -229,3 +229,28 @@ def test_module_dict_is_a_container_not_a_repeated_block():
     assert roles["transformer.h.2.weight"] == "hidden"
     assert roles["transformer.wte.weight"] == "embedding"
     assert roles["lm_head.weight"] == "readout"
+
+
+def test_a_contrastive_model_declares_its_multipliers_and_the_users_win():
+    """A root scalar temperature (CLIP's logit_scale) makes the plan step vectors and tables at 1/8 of the lr,
+    printed with the reason; a model without one gets none; an optimizer's lr_multipliers win role by role."""
+    from moga.optim import MOGA
+
+    class TwoTowers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.text = nn.Sequential(nn.Embedding(10, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+            self.image = nn.Linear(6, 4)
+            self.logit_scale = nn.Parameter(torch.tensor(2.6593))
+
+    model = TwoTowers()
+    plan = build_plan(model)
+    assert plan.lr_multipliers == {"embedding": 0.125, "vector": 0.125}
+    assert "note: learning rate embedding x0.125, vector x0.125: a contrastive model" in str(plan)
+    lrs = {g["role"]: g["lr"] for g in MOGA(model, lr=0.1).param_groups}
+    assert lrs == pytest.approx({"embedding": 0.0125, "vector": 0.0125, "hidden": 0.1, "readout": 0.1})
+    lrs = {g["role"]: g["lr"] for g in MOGA(model, lr=0.1, lr_multipliers={"vector": 1}).param_groups}
+    assert lrs["vector"] == 0.1 and lrs["embedding"] == pytest.approx(0.0125)
+    del model.logit_scale
+    assert build_plan(model).lr_multipliers == {} and "learning rate" not in str(build_plan(model))
+    assert {g["lr"] for g in MOGA(model, lr=0.1).param_groups} == {0.1}

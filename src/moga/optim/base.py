@@ -25,7 +25,7 @@ from moga.kernels import check_kernel, covers, fused_available
 from moga.optim import fused, nonfinite, precision, sharded
 from moga.optim.functional import adam_steps_, lmo_steps_
 from moga.optim.groups import GroupPlan, check_state_matches, name_of, plan_group
-from moga.optim.multipliers import apply_multipliers
+from moga.optim.multipliers import apply_multipliers, check_multipliers
 from moga.optim.nonfinite import POLICIES as NONFINITE_POLICIES
 from moga.optim.options import SHARED_DEFAULTS, check_hyperparameters, warn_if_decay_diverges
 from moga.optim.sharded import WholeJob, local
@@ -130,6 +130,8 @@ class GeometryOptimizer(Optimizer):
             for group in params:  # one rule everywhere (docs/integrations.md): vectors are not decayed
                 if group["role"] == "vector":
                     group["weight_decay"] = 0.0
+        if self.plan is not None and self.plan.lr_multipliers:  # a contrastive model's (moga.roles); the user's win
+            lr_multipliers = {**self.plan.lr_multipliers, **check_multipliers(lr_multipliers)}
         if lr_multipliers:  # each role's group at lr x its multiplier (moga.optim.multipliers)
             params = apply_multipliers(params if self.plan is not None else None, defaults["lr"], lr_multipliers)
         self.nonfinite = nonfinite
