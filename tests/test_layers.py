@@ -70,6 +70,13 @@ def test_every_module_has_a_layer():
         layer_of(name)
 
 
+def test_every_layer_entry_names_a_module():
+    modules = set(graph())
+    stale = [prefix for layer in LAYERS for prefix in layer
+             if not any(m == prefix or m.startswith(prefix + ".") for m in modules)]
+    assert not stale, f"LAYERS names modules that do not exist: {stale}"
+
+
 def test_no_import_goes_up_a_layer():
     upward = [
         f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"

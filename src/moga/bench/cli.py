@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from moga.bench.distributed import OPTIMIZERS, bench_distributed
+from moga.bench.optimizer import add_ratios, bench_optimizers
 
 bench_app = typer.Typer(no_args_is_help=True, help="Timed comparisons against torch, side by side in one run.")
 
@@ -19,8 +24,6 @@ def optimizer(
     device: str = typer.Option("cpu", help="Where the parameters live: cpu, cuda, cuda:1, ..."),
 ) -> None:
     """Time one optimizer step: torch AdamW (foreach, fused), torch Muon and every moga geometry."""
-    from moga.bench.optimizer import add_ratios, bench_optimizers
-
     try:
         records = add_ratios(bench_optimizers(blocks, repeats, warmup, names=only or None, device=device))
     except ValueError as e:
@@ -28,8 +31,6 @@ def optimizer(
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
 
     table = Table(title=f"one step, {records[0]['params']:,} parameters, {records[0]['device']}, "
                         f"{records[0]['threads']} CPU threads")
@@ -54,8 +55,6 @@ def distributed(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of records instead of a table."),
 ) -> None:
     """One step on FSDP2-sharded GPT-2-small shapes: step time and the bytes each optimizer communicates."""
-    from moga.bench.distributed import OPTIMIZERS, bench_distributed
-
     unknown = set(only or ()) - set(OPTIMIZERS)
     if unknown:
         raise typer.BadParameter(f"unknown optimizer(s) {sorted(unknown)}; known: {', '.join(OPTIMIZERS)}")
@@ -63,8 +62,6 @@ def distributed(
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
 
     r0 = records[0]
     table = Table(title=f"one step, FSDP2 on {r0['world']} gloo ranks, {r0['params']:,} parameters "

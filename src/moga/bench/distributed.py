@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 from moga.bench.comm import CommLog
 from moga.bench.optimizer import add_ratios, kernel_path, state_bytes
@@ -62,9 +64,6 @@ def _model(blocks: int, vocab: int, width: int) -> nn.Module:
 
 
 def _sharded_setup(name: str, rank: int, blocks: int, vocab: int, width: int):
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
-
     torch.manual_seed(0)
     model = _model(blocks, vocab, width)
     for block in model.blocks:

@@ -15,6 +15,8 @@ from .dataset import STANDARD_STATS, ImageBatches, ImageDataset, Split, build_im
 from .idx import read_idx_pair
 from .paths import dataset_candidates, resolve_path
 
+# Deferred on purpose, imported where used: scikit-learn (about 2 s to import), only for the digits data set.
+
 __all__ = ["FASHION_MNIST_DIR", "IMAGE_DATASETS", "STANDARD_STATS", "ImageBatches", "ImageDataset", "Split",
            "build_image_dataset", "load_cifar10", "load_cifar100", "load_digits", "load_fashion_mnist",
            "load_image_dataset", "locate_image_data", "split_train_val"]

@@ -9,6 +9,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+# Deferred on purpose, imported where used: tiktoken (the optional `text` extra), only for GPT-2's BPE.
+
 GPT2_VOCAB_SIZE = 50257  # 50,256 merges + <|endoftext|>
 GPT2_EOT = 50256
 # GPT-2's pre-tokenization regex, as tiktoken writes it (r50k_pat_str).

@@ -39,8 +39,14 @@ from torch import nn
 from torch.func import functional_call
 
 from moga.depth import residual_alpha
+from moga.geometry import parse_geometry
+from moga.models import GPT, ResidualMLP
 from moga.optim.registry import OPTIMIZERS as REGISTRY
 from moga.roles import build_plan
+from moga.train.build import refuse_import
+from moga.train.cli import refuse_imports
+
+# Deferred on purpose, imported where used: scikit-learn and matplotlib (2.5 s to import), for digits and the figures.
 
 QUANTITIES = ("output", "update", "gain", "norm")
 CONTROL = "adamw"  # torch's AdamW: no width factors
@@ -79,8 +85,6 @@ def _digits(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def residual_mlp(width: int, depth: int = 2, seed: int = 0, batch: int = 64) -> Problem:
     """The depth paper's residual MLP on scikit-learn's digits, alpha = K_base / K."""
-    from moga.models import ResidualMLP
-
     x, y = _digits(batch)
     model = ResidualMLP(64, 10, width=width, depth=depth, alpha=residual_alpha(depth), seed=seed)
     return Problem(model, x, y, _classification_loss)
@@ -88,8 +92,6 @@ def residual_mlp(width: int, depth: int = 2, seed: int = 0, batch: int = 64) -> 
 
 def gpt(width: int, depth: int = 2, seed: int = 0, batch: int = 8) -> Problem:
     """This project's GPT (4 heads, alpha = K_base / K) on a fixed random token sequence."""
-    from moga.models import GPT
-
     model = GPT(vocab_size=64, block_size=16, n_layer=depth, n_head=4, n_embd=width, alpha=residual_alpha(depth),
                 seed=seed)
     tokens = torch.randint(0, 64, (batch, 17), generator=torch.Generator().manual_seed(seed))
@@ -106,7 +108,6 @@ def problem_factory(name: str) -> Callable[..., Problem]:
         return FAMILIES[name]
     if ":" not in name:
         raise ValueError(f"unknown model {name!r}; use one of {', '.join(FAMILIES)} or 'package.module:factory'")
-    from moga.train.build import refuse_import
 
     refuse_import(name, "--model", ", ".join(FAMILIES))
     module, _, attr = name.partition(":")
@@ -244,8 +245,6 @@ def _input_rms(args, kwargs) -> float:
 
 
 def _geometry_norm(entry, step: torch.Tensor) -> float:
-    from moga.geometry import parse_geometry
-
     return float(parse_geometry(entry.geometry).norm(step.double(), entry.layout))
 
 
@@ -449,8 +448,6 @@ def coordcheck_command(
     effect and norm, against width; slopes of log RMS vs log width, and a verdict per layer that says
     whether the init or the optimizer drifts."""
     if no_import:
-        from moga.train.cli import refuse_imports
-
         refuse_imports()
     names = [o.strip() for o in optim.split(",") if o.strip()]
     lrs = {o: lr for o in names} if lr is not None else None

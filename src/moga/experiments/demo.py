@@ -18,6 +18,13 @@ from pathlib import Path
 
 import typer
 
+from moga.sweep.executor import run_sweep
+from moga.sweep.report import write_report
+from moga.sweep.results import records
+from moga.sweep.seeds import run_until_decided
+from moga.sweep.spec import Sweep
+from moga.sweep.store import SweepStore
+
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 BASE = {
@@ -73,13 +80,6 @@ def demo_sweep(quick: bool = False, data: str | None = None) -> dict:
 def run_demo(out: Path, quick: bool = False, workers: int = 2, data: str | None = None,
              progress: bool = True, min_seeds: int = 3, max_seeds: int = 6) -> dict:
     """The sweep, then seeds on each panel's decisive rates until its verdict is decided (or ``max_seeds``)."""
-    from moga.sweep.executor import run_sweep
-    from moga.sweep.report import write_report
-    from moga.sweep.results import records
-    from moga.sweep.seeds import run_until_decided
-    from moga.sweep.spec import Sweep
-    from moga.sweep.store import SweepStore
-
     spec = demo_sweep(quick, data)
     sweep, counts = run_until_decided(
         lambda include: Sweep.from_dict({**spec, "include": include}), out,
@@ -97,8 +97,6 @@ README_START, README_END = "<!-- demo:start -->", "<!-- demo:end -->"
 
 def update_readme(readme: Path, report_dir: Path, figure_dir: Path, command: str) -> None:
     """Replace the README's demo section with this run's figure and verdicts."""
-    import json
-
     summary = json.loads((report_dir / "summary.json").read_text())
     figure_dir.mkdir(parents=True, exist_ok=True)
     figure = figure_dir / "demo_train_loss.png"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# Deferred on purpose, imported where used: transformers (the optional `hf` extra, seconds to import).
+
 
 class LlamaLM(nn.Module):
     def __init__(self, config):

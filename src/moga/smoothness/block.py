@@ -17,6 +17,7 @@ from torch import nn
 
 from moga.geometry import Geometry, Spectral, parse_geometry
 from moga.layout import resolve_layout
+from moga.roles import RolePlan, build_plan
 
 Tensors = Sequence[torch.Tensor]
 
@@ -85,8 +86,6 @@ class BlockGeometry:
     def from_model(cls, model: nn.Module, geometries: Mapping[str, str] | None = None,
                    overrides: Mapping | None = None, exact: bool = True) -> BlockGeometry:
         """From the role plan of ``model`` (``geometries`` maps role -> spec, as in ``build_plan``)."""
-        from moga.roles import build_plan
-
         own = model.plan_overrides() if callable(getattr(model, "plan_overrides", None)) else {}
         return cls.from_plan(build_plan(model, geometries, {**own, **(overrides or {})}), exact)
 
@@ -113,8 +112,6 @@ class BlockGeometry:
     @classmethod
     def of(cls, source, exact: bool = True) -> BlockGeometry:
         """A block geometry from whatever the caller holds: itself, a plan, an optimizer or a model."""
-        from moga.roles import RolePlan
-
         if isinstance(source, BlockGeometry):
             return source
         if isinstance(source, RolePlan):

@@ -19,17 +19,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from moga.models.gpt import CausalSelfAttention
+
 LossFn = Callable[[nn.Module, object], torch.Tensor]
 
 
 @contextlib.contextmanager
 def double_backward_attention(model: nn.Module):
     """Inside, every :class:`moga.models.gpt.CausalSelfAttention` of ``model`` uses ``attention="math"``."""
-    try:
-        from moga.models.gpt import CausalSelfAttention
-    except ImportError:  # the models package is optional to this one
-        yield
-        return
     switched = [m for m in model.modules() if isinstance(m, CausalSelfAttention) and m.attention != "math"]
     saved = [m.attention for m in switched]
     for m in switched:

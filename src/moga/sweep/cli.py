@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
-from moga.sweep.executor import EXECUTORS
 from moga.status import Status
+from moga.sweep.executor import EXECUTORS, run_sweep
+from moga.sweep.results import status_table
+from moga.sweep.spec import Sweep, SweepError
+from moga.sweep.store import SweepStore
+from moga.train.cli import refuse_imports
+from moga.train.config import ConfigError
 
 
 def sweep(
@@ -38,16 +44,8 @@ def sweep(
     Each cell is a training run in DIR/cells/<id>. Finished cells are never run again, unfinished ones
     resume from their checkpoint, and a killed sweep (even with SIGKILL) loses no finished cell.
     """
-    from rich.console import Console
-
-    from moga.sweep.results import status_table
-    from moga.sweep.spec import Sweep, SweepError
-    from moga.sweep.store import SweepStore
-
     console = Console()
     if no_import:
-        from moga.train.cli import refuse_imports
-
         refuse_imports()
     if target == "status":
         if directory is None:
@@ -63,8 +61,6 @@ def sweep(
         return
     if directory is not None:
         raise typer.BadParameter(f"unexpected argument {directory}; to show a sweep use: moga sweep status DIR")
-    from moga.sweep.executor import run_sweep
-    from moga.train.config import ConfigError
 
     try:
         spec = Sweep.from_file(target)

@@ -16,9 +16,14 @@ import threading
 import time
 from pathlib import Path
 
-from moga.sweep.spec import Sweep
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
 from moga.status import DONE, Status
+from moga.sweep.spec import Sweep
 from moga.sweep.store import SweepStore
+from moga.sweep.worker import run_worker
+
+# Deferred on purpose, imported where used: ray (the optional `ray` extra), only for the Ray executor.
 
 EXECUTORS = ("local", "ray")
 
@@ -50,7 +55,6 @@ def run_ray_workers(sweep_dir: Path, workers: int, address: str | None = None, t
         import ray
     except ModuleNotFoundError:
         raise RuntimeError("the Ray executor needs Ray: pip install 'moga[ray]'") from None
-    from moga.sweep.worker import run_worker
 
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -98,7 +102,6 @@ def watch(store: SweepStore, procs: list[subprocess.Popen], start: float, progre
         for p in procs:
             p.wait()
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())

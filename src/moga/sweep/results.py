@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+from rich.table import Table
+
 from moga.status import DONE, Status
 from moga.sweep.store import SweepStore
 from moga.train.config import apply_overrides, build_config
@@ -47,8 +49,6 @@ def format_lr(lr: float) -> str:
 
 def status_table(store: SweepStore, lr_key: str, metric: str = "final_train_loss"):
     """A rich Table: one row per combination of the other axes, one column per learning rate."""
-    from rich.table import Table
-
     cells = store.cells()
     lrs = sorted({c["params"][lr_key] for c in cells})
     row_keys = [k for k in cells[0]["params"] if k != lr_key] if cells else []

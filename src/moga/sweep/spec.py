@@ -46,8 +46,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from moga.train.config import (ConfigError, apply_overrides, build_config, read_config_file, resolve_config_path,
-                               single_path_component)
+from moga.train.build import model_kwargs
+from moga.train.config import (
+    ConfigError, apply_overrides, build_config, read_config_file, resolve_config_path, single_path_component
+)
 
 
 class SweepError(ValueError):
@@ -257,8 +259,6 @@ class Sweep:
         return cells
 
     def _validate_cells(self) -> None:
-        from moga.train.build import model_kwargs
-
         for cell in self.cells:
             try:
                 model_kwargs(self.config(cell))  # also checks the model's own keys against its constructor

@@ -25,8 +25,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from moga.sweep.spec import Sweep, SweepError, cell_id
 from moga.status import DONE, Status
+from moga.sweep.spec import Sweep, SweepError, SweepSpec, cell_id
 
 DB_NAME = "sweep.db"
 STATUSES = tuple(Status)
@@ -90,8 +90,6 @@ EXTENSIBLE = {"name", "axes", "exclude", "include", "scale_key", "scale_keys", "
 
 def incompatible(stored: dict, sweep: Sweep) -> str | None:
     """Why ``sweep`` cannot extend the stored definition, or None when it only changes the grid."""
-    from moga.sweep.spec import SweepSpec
-
     base = json.loads(json.dumps(sweep.base))
     if stored["base"] != base:
         changed = sorted(_changed_keys(stored["base"], base))

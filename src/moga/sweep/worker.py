@@ -21,10 +21,13 @@ import time
 import traceback
 from pathlib import Path
 
-from moga.sweep.spec import Sweep, SweepError, SweepSpec
+import torch
+
 from moga.filelock import exclusive_lock
 from moga.status import DONE, Status
+from moga.sweep.spec import Sweep, SweepError, SweepSpec
 from moga.sweep.store import SweepStore, new_owner
+from moga.train import run
 
 HEARTBEAT_SECONDS = 2.0
 IDLE_POLL_SECONDS = 1.0
@@ -100,16 +103,12 @@ def smaller_lr_diverged(store: SweepStore, sweep: Sweep, params: dict) -> bool:
 
 
 def train_cell(config, run_dir: Path) -> dict:
-    from moga.train import run
-
     return run(config, run_dir, quiet=True)
 
 
 def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid: int | None = None,
                owner: str | None = None) -> int:
     """Work until no cell is pending or running; returns the number of cells this worker settled."""
-    import torch
-
     store = SweepStore(sweep_dir)
     sweep = load_sweep(store)
     if threads is not None and threads != sweep.spec.threads:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from moga.depth import residual_alpha, scale_residual_branches
+from moga.models import GPT, MODELS, FeedForward, GPTConfig, SharedWeightsNet
 from moga.optim.registry import OPTIMIZERS
 
 from .config import ConfigError, RunConfig
@@ -41,8 +42,6 @@ def refuse_import(name: str, key: str, valid: str) -> None:
 
 def _registered_spelling(name: str):
     """The registered model that ``module:Class`` names exactly (moga.models:GPT), or None."""
-    from moga.models import MODELS
-
     for cls in MODELS.values():
         if name in (f"moga.models:{cls.__name__}", f"{cls.__module__}:{cls.__qualname__}"):
             return cls
@@ -55,14 +54,12 @@ def model_factory(name: str):
         registered = _registered_spelling(name)
         if registered is not None:
             return registered
-        from moga.models import MODELS
 
         refuse_import(name, "model.name", ", ".join(MODELS))
         try:
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
             raise ConfigError(f"model.name={name!r}: cannot import {attr} from {module} ({e})") from None
-    from moga.models import MODELS
 
     if name not in MODELS:
         raise ConfigError(f"unknown model.name {name!r}; valid: {', '.join(MODELS)}, or 'package.module:factory'")
@@ -71,8 +68,6 @@ def model_factory(name: str):
 
 def factory_parameters(factory) -> list[str] | None:
     """Keyword arguments the factory takes (None: it takes any)."""
-    from moga.models import GPT, GPTConfig
-
     if factory is GPT:  # GPT(**overrides) forwards them to its config dataclass
         return [f.name for f in dataclasses.fields(GPTConfig)]
     params = inspect.signature(factory).parameters.values()
@@ -117,8 +112,6 @@ def build_model(cfg: RunConfig, data_inputs: dict | None = None) -> nn.Module:
 
 def count_layers(model: nn.Module) -> int:
     """L for the adaptive step: the model's ``depth`` for the convergence paper's nets, else its weight layers."""
-    from moga.models import FeedForward, SharedWeightsNet
-
     if isinstance(model, (FeedForward, SharedWeightsNet)):
         return model.depth
     n = sum(isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)) for m in model.modules())

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import typer
 
-from moga.train.config import RunConfig
+from moga.filelock import DirectoryBusy
+from moga.train import CheckpointError, ConfigError, load_config, lr_range_test, run
+from moga.train.config import RunConfig, dump_yaml
 
 _SECTIONS = ("model", "data", "optim", "schedule", "train", "eval", "checkpoint", "logging")
 
@@ -46,8 +48,6 @@ def _split(config: str | None, overrides: list[str] | None) -> tuple[Path | None
 
 
 def _load(config: str | None, overrides: list[str] | None):
-    from moga.train import ConfigError, load_config
-
     path, items = _split(config, overrides)
     try:
         return load_config(path, items)
@@ -57,8 +57,6 @@ def _load(config: str | None, overrides: list[str] | None):
 
 def refuse_imports() -> None:
     """--no-import: set MOGA_NO_IMPORT, so this process and every worker it starts refuse foreign factories."""
-    import os
-
     os.environ["MOGA_NO_IMPORT"] = "1"
 
 
@@ -105,12 +103,8 @@ def train(
         raise typer.Exit()
     cfg = _load(config, overrides)
     if print_config:
-        from moga.train.config import dump_yaml
-
         typer.echo(dump_yaml(cfg), nl=False)
         raise typer.Exit()
-    from moga.filelock import DirectoryBusy
-    from moga.train import CheckpointError, run
 
     directory = run_dir or _default_run_dir(cfg)
     try:
@@ -185,7 +179,6 @@ def lr_range(
 ) -> None:
     """Learning-rate range test: loss against exponentially growing lr, a suggested lr, a plot."""
     cfg = _load(config, overrides)
-    from moga.train import lr_range_test
 
     try:
         result = lr_range_test(cfg, out_dir, lr_min=lr_min, lr_max=lr_max, steps=steps, mode=mode,

@@ -27,6 +27,14 @@ from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZER
 from moga.geometry import parse_geometry
 from moga.roles import ADAM_PREFIX, ROLES
 
+try:  # TOML configs: the standard library's reader from Python 3.11, else the tomli package where installed
+    import tomllib
+except ModuleNotFoundError:
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
 
 class ConfigError(ValueError):
     """A config that cannot run: unknown key, wrong type, or values that contradict each other."""
@@ -497,14 +505,8 @@ def read_config_file(path: str | Path) -> dict:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
     if path.suffix.lower() == ".toml":
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            try:
-                import tomli as tomllib
-            except ModuleNotFoundError:
-                raise ConfigError("TOML configs need Python 3.11+ or the tomli package; "
-                                  "or write the config in YAML") from None
+        if tomllib is None:
+            raise ConfigError("TOML configs need Python 3.11+ or the tomli package; or write the config in YAML")
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:

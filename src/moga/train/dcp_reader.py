@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -93,8 +94,6 @@ class _SafeBytes:
     """``load_bytes`` with ``torch.load(weights_only=True)``: plain values (floats, strings, tuples) load."""
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
         fqn = read_item.dest_index.fqn
         try:
             loaded = torch.load(value, map_location="cpu", weights_only=True)

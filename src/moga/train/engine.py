@@ -32,15 +32,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
+import moga
 from moga.data import derive_seed
 from moga.filelock import DirectoryBusy, writer_lock
 from moga.optim import GeometryOptimizer
 from moga.optim.multipliers import base_lr
 from moga.status import Status
 
-from . import distributed, parallel
-from . import sharded_checkpoint as sharded
+from . import distributed, parallel, sharded_checkpoint as sharded
 from .build import build_model, build_optimizer
 from .checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RunConfig, as_config, config_diff, dump_yaml, json_float
@@ -48,6 +49,8 @@ from .diagnostics import StepInstruments
 from .metrics import MetricsLog, TensorBoardSink, WandbSink, progress_line
 from .schedule import build_schedule
 from .tasks import build_task
+
+# Deferred on purpose, imported where used: torch._dynamo (seconds to import), only for train.compile.
 
 CHECKPOINT, RESULT, CONFIG, METRICS, PLAN = "checkpoint.pt", "result.json", "config.yaml", "metrics.jsonl", "plan.txt"
 LOCK = ".train.lock"  # held by the run's one writer (rank 0) while it runs; holds its PID
@@ -183,8 +186,6 @@ class Trainer:
     def _wrap(self, model: nn.Module) -> nn.Module:
         self.ddp = None
         if self.dist.active and not self.fsdp:
-            from torch.nn.parallel import DistributedDataParallel
-
             ids = [self.dist.device] if self.dist.device.type == "cuda" else None
             model = self.ddp = DistributedDataParallel(model, device_ids=ids)
         if self.cfg.train.compile:
@@ -478,8 +479,6 @@ class Trainer:
         return record
 
     def _base_result(self, status: str) -> dict:
-        import moga
-
         return {"status": status, "name": self.cfg.name, "config_hash": self.hash, "steps": self.step,
                 "total_steps": self.total, "epochs": self._epoch(), "seed": self.cfg.seed,
                 "world_size": self.dist.world, "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),

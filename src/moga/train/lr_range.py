@@ -25,6 +25,8 @@ from .build import build_model, build_optimizer
 from .config import RunConfig, as_config
 from .tasks import build_task
 
+# Deferred on purpose, imported where used: matplotlib (about 0.5 s to import), only for the plot.
+
 
 def _train_steps(task, model, optimizer, batches, lrs, accum, diverge_factor=None, smooth=0.0):
     """One step per lr in ``lrs``; returns raw losses (stops early on divergence)."""

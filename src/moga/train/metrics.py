@@ -16,6 +16,8 @@ import math
 import os
 from pathlib import Path
 
+# Deferred on purpose, imported where used: tensorboard and wandb (optional), only when logging to them.
+
 
 class MetricsLog:
     """Append-only JSONL; ``offset`` is the byte length to restore on resume."""

@@ -25,6 +25,7 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -38,8 +39,6 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 def shard_model(model: nn.Module, precision: str = "fp32", offload: bool = False) -> nn.Module:
     """``fully_shard`` each block, then the root, over all processes (a 1-D mesh); returns the model.
     ``offload`` keeps the shards in CPU memory between uses (``CPUOffloadPolicy``, pinned where CUDA is)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
     dtype = PRECISIONS[precision]
     kwargs = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None),
                   offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy())
@@ -59,8 +58,6 @@ def autocast(precision: str, device: torch.device):
 
 
 def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
     return isinstance(model, FSDPModule)
 
 

@@ -25,9 +25,14 @@ import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .checkpoint import CheckpointError, load_checkpoint, restart_hint, save_checkpoint
+from .dcp_reader import SafeEmptyLoadPlanner, SafeLoadPlanner, SafeReader, first_failure, read_metadata
 
 DIRECTORY, ENGINE = "checkpoint.dcp", "engine.pt"
 IN_DCP = "torch.distributed.checkpoint"  # what engine.pt holds for the model and optimizer: look there
@@ -98,9 +103,6 @@ def _fsync_dir(path: Path) -> None:
 def save_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, engine: dict,
                  *, main: bool, barrier) -> Path:
     """Every rank calls this; ``engine`` (rank 0's) is the rest of the run's state."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     path = Path(path)
     tmp, old = _aside(path, "tmp"), _aside(path, "old")
     if main:
@@ -141,12 +143,6 @@ def load_engine_state(path: str | Path, config: dict | None = None, config_hash:
 
 def _read_into(found: Path, state: dict, planner, no_dist: bool = False) -> None:
     """``dcp.load`` through moga's safe reader and planner; every failure becomes one CheckpointError."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    from .dcp_reader import SafeReader, first_failure
-
     try:
         if no_dist:  # into an empty dict, filled from the metadata (dcp.load would fill a copy)
             _load_state_dict(state, storage_reader=SafeReader(found), planner=planner, no_dist=True)
@@ -163,10 +159,6 @@ def _read_into(found: Path, state: dict, planner, no_dist: bool = False) -> None
 
 def load_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Every rank calls this: load the model and optimizer shards into the sharded model (any process count)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    from .dcp_reader import SafeLoadPlanner, read_metadata
-
     found = find_sharded(path)
     if found is None:
         raise CheckpointError(f"{path} holds no complete sharded checkpoint")
@@ -182,8 +174,6 @@ def consolidate(path: str | Path) -> dict:
 
     For inspection and export: ``consolidate("runs/x/checkpoint.dcp")["model"]`` is a plain state dict.
     """
-    from .dcp_reader import SafeEmptyLoadPlanner, read_metadata
-
     found = Path(load_engine_state(path)["directory"])
     read_metadata(found)
     state: dict = {}

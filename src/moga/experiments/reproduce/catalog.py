@@ -18,7 +18,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from torch import nn
+
+from moga.experiments.smoothness.convergence import convergence_settings
+from moga.models import GPT
+from moga.sweep.spec import Sweep
+from moga.train.build import build_model
 
 CONFIGS = Path(__file__).parent / "configs"
 SCALES = ("quick", "cpu", "paper")
@@ -82,8 +89,6 @@ class Reproduction:
         return spec
 
     def sweep(self, scale: str = "cpu", data: str | None = None):
-        from moga.sweep.spec import Sweep
-
         return Sweep.from_dict(self.sweep_dict(scale, data))
 
     def settings(self, scale: str = "cpu", data: str | None = None) -> dict:
@@ -147,18 +152,12 @@ def get(name: str) -> Reproduction:
 def cell_cost(config) -> dict:
     """Parameters, training FLOPs (6 x parameters x examples or tokens, plus attention) and steps of one cell,
     from the model built on the meta device (no memory, no time)."""
-    import torch
-
-    from moga.train.build import build_model
-
     d = config.data
     inputs, train_size = data_inputs(config)
     try:
         with torch.device("meta"):
             model = build_model(config, inputs)
     except ImportError:  # an optional integration (transformers) is missing: a GPT of the same size stands in
-        from moga.models import GPT
-
         m = config.model.kwargs
         with torch.device("meta"):
             model = GPT(**{k: m[k] for k in ("n_layer", "n_embd") if k in m}, **inputs)
@@ -192,9 +191,6 @@ def data_inputs(config) -> tuple[dict, int]:
 
 def _conv_macs(model, inputs: dict) -> float:
     """Multiply-adds of one forward pass of a CIFAR ResNet on a 32x32 image (meta tensors: shapes only)."""
-    import torch
-    from torch import nn
-
     macs = 0.0
 
     def hook(module, args, output):
@@ -223,8 +219,6 @@ def estimate(rep: Reproduction, scale: str = "cpu", cores: int = 2, min_seeds: i
     Low: every panel decided with ``min_seeds`` seeds at 3 rates per scale; high: every panel inconclusive,
     ``max_seeds`` seeds at 5 rates. A race adds ``min_seeds`` seeds at each contender's best rate per budget."""
     if rep.kind == "convergence":
-        from moga.experiments.smoothness.convergence import convergence_settings
-
         s = convergence_settings(**rep.settings(scale))
         return {"cells": None, "seconds": _convergence_seconds(s) / cores, "flops": None,
                 "seed_cells": (0, 0), "seed_seconds": (0.0, 0.0)}

@@ -8,6 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from moga.experiments.reproduce.catalog import ReproduceError, catalog, estimate, get
+from moga.experiments.reproduce.run import reproduce
+from moga.experiments.reproduce.table import load_outcomes, results_table, update_readme
+from moga.filelock import writer_lock
+from moga.sweep.spec import SweepError
 
 LOCK = ".reproduce.lock"  # one reproduction per output directory at a time; holds the writer's PID
 
@@ -44,14 +52,10 @@ def reproduce_command(
     """Every claim of the three papers as one command: a sweep on the resumable store, the papers' figures, a
     verdict per panel with seed intervals and the claim's outcome (held, failed, inconclusive, undecided).
     Re-running resumes."""
-    from moga.experiments.reproduce.catalog import ReproduceError, catalog, get
-
     if list_:
         _list(scale if not quick else "quick")
         return
     if table:
-        from moga.experiments.reproduce.table import load_outcomes, results_table, update_readme
-
         if readme is not None:
             typer.echo(update_readme(readme, runs, readme.parent / "docs" / "reproduce"))
         else:
@@ -66,9 +70,6 @@ def reproduce_command(
         names = list(catalog()) if name == "all" else [get(name).name]
     except ReproduceError as e:
         raise typer.BadParameter(str(e)) from None
-    from moga.experiments.reproduce.run import reproduce
-    from moga.filelock import writer_lock
-    from moga.sweep.spec import SweepError
 
     failed = []
     for n in names:
@@ -96,11 +97,6 @@ def reproduce_command(
 
 
 def _list(scale: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from moga.experiments.reproduce.catalog import catalog, estimate
-
     table = Table(title=f"moga reproduce: {scale} scale (time: estimated on 2 free cores of a quiet CPU)")
     for col in ("name", "paper", "figure", "claim", "cells", "time"):
         table.add_column(col, overflow="fold")

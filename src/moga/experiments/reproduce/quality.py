@@ -27,6 +27,9 @@ import random
 import sys
 from pathlib import Path
 
+from moga.sweep.results import records
+from moga.sweep.store import SweepStore
+
 GOAL = 0.02
 LEVEL = 0.95
 RESAMPLES = 2000
@@ -156,9 +159,6 @@ def claim_outcome(cells: list[dict]) -> str:
 def judge(rep, sweep, out: Path, max_regret: float) -> dict:
     """The ``quality`` kind for :func:`moga.experiments.reproduce.run.reproduce` (``max_regret`` is unused: the
     goal is the config's ``quality.goal``)."""
-    from moga.sweep.results import records
-    from moga.sweep.store import SweepStore
-
     q = rep.raw["quality"]
     goal = float(q.get("goal", GOAL))
     rows = records(SweepStore(out))
@@ -311,9 +311,6 @@ def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | None = Non
     --out RUN_DIR``); with ``baseline_dir`` (a sweep of a baseline optimizer over the same widths) each value
     against it. Several directories are judged as one sweep (see :func:`merged_ablation`); the table's json goes
     to the first."""
-    from moga.sweep.results import records
-    from moga.sweep.store import SweepStore
-
     run_dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
     rows, spec = merged_ablation(run_dirs)
     baseline = None
@@ -332,9 +329,6 @@ def merged_ablation(run_dirs: list[Path]) -> tuple[list[dict], dict]:
     running the default again. Their base configs, scale and lr keys must agree, and each ablated axis must have
     the same first value (the default) wherever it appears. A row that lacks an axis ran with that axis' default
     (its config never set it), so it is filled in with it; the merged axes list every value in order seen."""
-    from moga.sweep.results import records
-    from moga.sweep.store import SweepStore
-
     rows, axes, first = [], {}, None
     for run_dir in run_dirs:
         definition = SweepStore(run_dir).definition()
@@ -369,9 +363,6 @@ def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
     """Does the value of the sweep's ``lr_key`` (an lr, or a role's lr multiplier) tuned at the smallest width
     serve every width? Per width: the loss at that value over the loss at the width's own best value, minus 1,
     with its interval (the same comparison as the quality claim, the optimizer against itself)."""
-    from moga.sweep.results import records
-    from moga.sweep.store import SweepStore
-
     store = SweepStore(run_dir)
     spec = store.definition()["spec"]
     rows = records(store)

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from moga.sweep.store import SweepStore
+from moga.train import read_metrics
+
 RESAMPLES = 1000
 
 
@@ -77,8 +80,6 @@ def smooth(values, window: int = 5) -> np.ndarray:
 
 def _curves(store, cell_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(steps, seconds per seed x logs, smoothed loss per seed x logs) over the logs every seed has."""
-    from moga.train import read_metrics
-
     runs = [read_metrics(store.cell_dir(cid) / "metrics.jsonl", "train") for cid in cell_ids]
     n = min(len(r) for r in runs)
     steps = np.array([r["step"] for r in runs[0][:n]])
@@ -142,8 +143,6 @@ def token_trend(first: dict, last: dict) -> str:
 
 
 def judge_race(rep, sweep, out: Path, params_per_model: int | None) -> dict:
-    from moga.sweep.store import SweepStore
-
     store = SweepStore(out)
     contenders = rep.raw.get("contenders", ["moga", "muon"])
     subject, rival = contenders[0], contenders[1]

@@ -22,9 +22,19 @@ import time
 from pathlib import Path
 
 from moga.experiments.reproduce import quality
-from moga.experiments.reproduce.catalog import Reproduction, ReproduceError, cell_cost
+from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
+from moga.experiments.reproduce.race import judge_race, race_seeds
+from moga.experiments.smoothness.convergence import convergence_experiment
+from moga.sweep.executor import run_sweep
+from moga.sweep.report import analyze, write_report
+from moga.sweep.report.joint import analyze_joint, plot_regret_map
+from moga.sweep.report.schema import ALIASES, parse_records
 from moga.sweep.report.summary import json_safe
 from moga.sweep.report.verdict import MAX_REGRET
+from moga.sweep.results import records
+from moga.sweep.seeds import run_until_decided, stored_include
+from moga.sweep.spec import Sweep
+from moga.sweep.store import SweepStore
 
 OUTCOMES = ("held", "failed", "inconclusive", "undecided")
 
@@ -39,9 +49,6 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
     if rep.kind == "convergence":
         outcome = _convergence(rep, out, scale, data, progress)
     else:
-        from moga.sweep.executor import run_sweep
-        from moga.sweep.seeds import run_until_decided, stored_include
-
         run = lambda sw: run_sweep(sw, out, workers=workers, executor=executor,  # noqa: E731
                                    ray_address=ray_address, progress=progress, retry_failed=True)
         make = lambda include: _sweep(rep, scale, data, include)  # noqa: E731
@@ -74,8 +81,6 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
 
 
 def _sweep(rep: Reproduction, scale: str, data: str | None, include: list[dict]):
-    from moga.sweep.spec import Sweep
-
     spec = rep.sweep_dict(scale, data)
     if include:
         spec["include"] = include
@@ -83,9 +88,6 @@ def _sweep(rep: Reproduction, scale: str, data: str | None, include: list[dict])
 
 
 def _race_seeds(rep: Reproduction, sweep, out: Path, min_seeds: int) -> list:
-    from moga.experiments.reproduce.race import race_seeds
-    from moga.sweep.store import SweepStore
-
     return race_seeds(SweepStore(out), sweep, rep.raw.get("contenders", ["moga", "muon"]), min_seeds)
 
 
@@ -164,9 +166,6 @@ def _drift(p: dict) -> float | None:
 # --- kinds -------------------------------------------------------------------------------------------------
 
 def _records(rep: Reproduction, sweep, out: Path) -> tuple[list[dict], str]:
-    from moga.sweep.results import records
-    from moga.sweep.store import SweepStore
-
     rows = records(SweepStore(out))
     scale_key = sweep.spec.scale_key
     mapping = (rep.raw.get("scale_values") or {}).get(scale_key)
@@ -180,8 +179,6 @@ def _records(rep: Reproduction, sweep, out: Path) -> tuple[list[dict], str]:
 
 
 def _transfer(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
-    from moga.sweep.report import write_report
-
     rows, scale_key = _records(rep, sweep, out)
     write_report(rows, out / "report", scale_key=scale_key, title=f"{rep.name}: {rep.claim}",
                  group_keys=rep.group_keys, formats=("png",), max_regret=max_regret)
@@ -206,8 +203,6 @@ CELL_KEYS = ("scale", "lr", "seed", "status", "train_loss", "val_loss")
 
 def stored_cells(rows: list[dict], scale_key: str, group_keys) -> list[dict]:
     """Every settled cell's panel, scale, lr, seed and final losses: what a reader needs to recheck a verdict."""
-    from moga.sweep.report.schema import parse_records
-
     out = []
     for r in parse_records(rows, scale_key):
         cell = {k: r.get(k) for k in group_keys}
@@ -219,8 +214,6 @@ def stored_cells(rows: list[dict], scale_key: str, group_keys) -> list[dict]:
 
 def recheck(outcome: dict) -> list[dict]:
     """The panels' verdicts recomputed from a stored outcome's cells (the same analysis settings)."""
-    from moga.sweep.report import analyze
-
     a = outcome["analysis"]
     panels = analyze(outcome["cells"], scale_key=a["scale_key"], metric=a["metric"], group_keys=a["group_keys"],
                      max_regret=a["max_regret"])
@@ -228,9 +221,6 @@ def recheck(outcome: dict) -> list[dict]:
 
 
 def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
-    from moga.sweep.report import write_report
-    from moga.sweep.report.joint import analyze_joint, plot_regret_map
-
     rows, _ = _records(rep, sweep, out)
     keys = sweep.spec.all_scale_keys
     # the one-axis report, one panel per depth with a curve per width
@@ -275,15 +265,11 @@ def _tuning_saved(sweep, j) -> float:
 
 
 def _panel_params(panel: dict) -> dict:
-    from moga.sweep.report.schema import ALIASES
-
     names = {v: k for k, v in ALIASES.items()}
     return {names.get(k, k): v for k, v in panel.items() if v not in (None, "")}
 
 
 def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
-    from moga.experiments.reproduce.race import judge_race
-
     cell = next(c for c in sweep.cells if c.get("optim.name") == rep.raw.get("contenders", ["moga"])[0])
     result = judge_race(rep, sweep, out, cell_cost(sweep.config(cell))["params"])
     (out / "report").mkdir(parents=True, exist_ok=True)
@@ -292,8 +278,6 @@ def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
 
 
 def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, progress: bool) -> dict:
-    from moga.experiments.smoothness.convergence import convergence_experiment
-
     settings = rep.settings(scale, data)
     quick = bool(settings.pop("quick", False))
     log = (lambda line: print(line, flush=True)) if progress else (lambda line: None)

@@ -8,7 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 import typer
+
+from moga.experiments.smoothness import convergence, scaling
+from moga.experiments.smoothness.plots import plot_diagnostics
+from moga.train import read_metrics
 
 EXPERIMENTS = ("depth", "width", "convergence", "steprule")
 
@@ -50,14 +55,9 @@ def smoothness_command(
     steprule: the depth paper's eta* = ||grad||_*/L (optim.step_rule=depth_paper) vs the best constant lr.
     Each writes a figure, results.json and summary.md under OUT; reruns reuse finished training runs.
     """
-    import torch
-
     if threads:
         torch.set_num_threads(threads)
     if experiment == "diagnostics":
-        from moga.experiments.smoothness.plots import plot_diagnostics
-        from moga.train import read_metrics
-
         if run_dir is None or not (run_dir / "metrics.jsonl").is_file():
             raise typer.BadParameter(f"{run_dir} is not a run directory with metrics.jsonl")
         try:
@@ -84,8 +84,6 @@ def smoothness_command(
 
 
 def _run(name: str, out: Path, quick: bool, full_block: bool, data: str | None) -> dict:
-    from moga.experiments.smoothness import convergence, scaling
-
     log = (lambda line: None) if quick else (lambda line: typer.echo(line, err=True))
     try:
         if name == "depth":

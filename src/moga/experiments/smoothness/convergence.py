@@ -31,9 +31,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from moga.data.images import locate_image_data
+from moga.experiments.smoothness.plots import plot_curves
 from moga.experiments.smoothness.report import fmt, held, spearman, table, write_outputs
+from moga.smoothness import BlockGeometry, smoothness
 from moga.status import Status
+from moga.train import build_config, lr_range_test, read_metrics, run
+from moga.train.build import build_model, build_optimizer
+from moga.train.tasks import build_task
 
 GROWTH_THRESHOLD = 0.01  # ||W|| must grow by more than 1% over the long run's second half
 LOSS_CEILING = 50.0  # cross-entropy starts near log(10) = 2.3: a loss of 50 is a diverged run
@@ -41,8 +48,6 @@ LOSS_CEILING = 50.0  # cross-entropy starts near log(10) = 2.3: a loss of 50 is 
 
 def _available(data: str) -> bool:
     """Whether the data set's files are here (Fashion-MNIST and CIFAR-10 are optional installs)."""
-    from moga.data.images import locate_image_data
-
     try:
         if data in ("fashion-mnist", "cifar10"):
             locate_image_data(data)
@@ -61,8 +66,6 @@ def _config(name: str, model: dict, data: str, optim: dict, epochs: float, batch
 
 def _run(cfg: dict, out: Path, log) -> dict:
     """Train (or read back) one run; its result with the training curve of metrics.jsonl."""
-    from moga.train import build_config, read_metrics, run
-
     run_dir = out / "runs" / f"{cfg['name']}-{build_config(cfg).hash()[:8]}"  # other settings, other directory
     start = time.perf_counter()
     result = run(cfg, run_dir, quiet=True)
@@ -83,8 +86,6 @@ def _range(cfg: dict, out: Path, s: dict, log) -> dict:
     """The lr range test of plain gradient descent on this model and data, as the paper ran it (appendix D):
     every rate trains the same initial model for ``range_steps`` steps (restart mode). A single sweep is
     misled by the long plateau of the deeper shared-weights nets: its steepest point lands near divergence."""
-    from moga.train import lr_range_test
-
     r = lr_range_test({**cfg, "optim": {"name": "sgd"}}, out / "lr_range" / cfg["name"], lr_min=s["range_lr_min"],
                       lr_max=s["range_lr_max"], mode="restart", num_lrs=s["range_lrs"],
                       steps_per_lr=s["range_steps"])
@@ -135,8 +136,6 @@ def convergence_settings(quick: bool = False, **overrides) -> dict:
 def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print,
                            **settings) -> dict:
     """Adaptive vs constant rates, the shared-weights net over depths, and ||W_t|| at L = 2 on a longer run."""
-    from moga.experiments.smoothness.plots import plot_curves
-
     s = convergence_settings(quick, **settings)
     out = Path(out)
     started = time.perf_counter()
@@ -337,13 +336,6 @@ def step_rule_settings(quick: bool = False, **overrides) -> dict:
 
 def _measured_smoothness(cfg: dict, s: dict) -> float:
     """L at initialization in the optimizer's block, on the engine's probe batch (a lower bound, HVP ascent)."""
-    import torch
-
-    from moga.smoothness import BlockGeometry, smoothness
-    from moga.train import build_config
-    from moga.train.build import build_model, build_optimizer
-    from moga.train.tasks import build_task
-
     c = build_config(cfg)
     task = build_task(c)
     torch.manual_seed(c.seed)  # the engine's initial weights
@@ -358,8 +350,6 @@ def _measured_smoothness(cfg: dict, s: dict) -> float:
 def step_rule_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print,
                          **settings) -> dict:
     """MOGA on a residual MLP: a constant-lr grid against lr_t = min(cap, ||grad||_* / L_t)."""
-    from moga.experiments.smoothness.plots import plot_curves
-
     s = step_rule_settings(quick, **settings)
     out = Path(out)
     started = time.perf_counter()

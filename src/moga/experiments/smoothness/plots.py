@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+# Deferred on purpose, imported where used: matplotlib (about 0.5 s to import), only when a figure is drawn.
+
 
 def _pyplot():
     import matplotlib

@@ -26,9 +26,13 @@ from pathlib import Path
 
 import torch
 
+from moga.experiments.smoothness.plots import plot_scaling
+from moga.experiments.smoothness.report import FLAT_TOLERANCE, fmt, held, loglog_slope, table, trend, write_outputs
 from moga.smoothness.block import BlockGeometry
 from moga.smoothness.estimates import LOWER_BOUND_NOTE, measure
-from moga.experiments.smoothness.report import FLAT_TOLERANCE, fmt, held, loglog_slope, table, trend, write_outputs
+from moga.train import build_config
+from moga.train.build import build_model, build_optimizer
+from moga.train.tasks import build_task
 
 K_BASE = 2.0
 SCALINGS = {"alpha=1": "none", "alpha=K_base/K": "inverse_depth"}
@@ -39,10 +43,6 @@ WIDTH_PREDICTION = {"row": "flat", "col": "flat", "sign": "flat", "spectral": "s
 
 def _setup(model: dict, data: dict, batch_size: int, lr: float, steps: int, seed: int = 0):
     """(config, task, model, optimizer) built as the training engine builds them."""
-    from moga.train import build_config
-    from moga.train.build import build_model, build_optimizer
-    from moga.train.tasks import build_task
-
     cfg = build_config({"seed": seed, "model": model, "data": data, "optim": {"name": "moga", "lr": lr},
                         "train": {"steps": max(steps, 1), "batch_size": batch_size}})
     task = build_task(cfg)
@@ -137,8 +137,6 @@ def _depth_model(kind: str, K: int, scaling: str, s: dict) -> tuple[dict, dict, 
 
 def depth_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print, **settings) -> dict:
     """Lipschitz and smoothness against depth, alpha = 1 vs K_base/K; writes depth.png, results.json, summary.md."""
-    from moga.experiments.smoothness.plots import plot_scaling
-
     s = depth_settings(quick, **settings)
     out = Path(out)
     started = time.perf_counter()
@@ -243,8 +241,6 @@ def width_settings(quick: bool = False, **overrides) -> dict:
 
 def width_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print, **settings) -> dict:
     """Smoothness against width in four geometries; writes width.png, results.json, summary.md."""
-    from moga.experiments.smoothness.plots import plot_scaling
-
     s = width_settings(quick, **settings)
     out = Path(out)
     started = time.perf_counter()

@@ -9,6 +9,13 @@ from pathlib import Path
 
 import typer
 
+from moga.sweep.report.metrics import select_scale
+from moga.sweep.report.outputs import analyze_metrics, write_outputs
+from moga.sweep.report.render import print_verdicts
+from moga.sweep.report.schema import load_records, parse_records
+from moga.sweep.results import records
+from moga.sweep.store import SweepStore
+
 
 def report_command(
     sweep: Path = typer.Argument(..., exists=True, help="a sweep directory, or a records file (.jsonl, .json, .csv)"),
@@ -22,11 +29,6 @@ def report_command(
     svg: bool = typer.Option(False, "--svg", help="write SVG figures instead of PDF"),
 ) -> None:
     """Figures (loss vs lr, one curve per scale), optima, drift, regret and a verdict per panel."""
-    from moga.sweep.report.outputs import analyze_metrics, write_outputs
-    from moga.sweep.report.metrics import select_scale
-    from moga.sweep.report.render import print_verdicts
-    from moga.sweep.report.schema import load_records, parse_records
-
     try:
         if sweep.is_dir() and (sweep / "sweep.db").is_file():
             rows, scale_key = _from_store(sweep, scale_key)
@@ -46,8 +48,5 @@ def report_command(
 
 def _from_store(sweep_dir: Path, scale_key: str | None):
     """The runner's settled cells, and its scale_key unless one was given."""
-    from moga.sweep.results import records
-    from moga.sweep.store import SweepStore
-
     store = SweepStore(sweep_dir)
     return records(store), scale_key or store.definition()["spec"].get("scale_key")

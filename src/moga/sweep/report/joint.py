@@ -21,6 +21,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")  # files only: never needs a display
+
+import matplotlib.pyplot as plt  # noqa: E402
+
 from moga.sweep.report.curves import build_curve, make_grid
 from moga.sweep.report.decision import Decision, decide_transfer
 from moga.sweep.report.metrics import GROUP_KEYS, transfer_regrets
@@ -133,12 +140,6 @@ def decide_joint(s: JointSummary, n: int, max_drift_steps: int, max_regret: floa
 
 def plot_regret_map(summary: JointSummary, path: str | Path, max_regret: float = MAX_REGRET) -> Path:
     """A heat map of the regret of the reused lr over the two scale axes; cells say the value, 'div' or 'n/a'."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     xs = sorted({p[0] for p in summary.pairs})
     ys = sorted({p[1] for p in summary.pairs})
     grid = np.full((len(ys), len(xs)), np.nan)

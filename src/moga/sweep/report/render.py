@@ -12,6 +12,10 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table as RichTable
+
 from moga.sweep.report.document import Block, Figure, Heading, Items, Paragraph, Table
 from moga.sweep.report.summary import PanelSummary
 
@@ -74,9 +78,6 @@ VERDICT_STYLES = {"transfers": "green", "does not transfer": "red", "inconclusiv
 
 def verdict_table(summaries: Mapping[str, Sequence[PanelSummary]]):
     """A rich Table: one row per panel and metric, with the verdict and its numbers."""
-    from rich.markup import escape
-    from rich.table import Table as RichTable
-
     table = RichTable(title="learning-rate transfer")
     for col in ("panel", "loss", "verdict", "steps", "log2", "slope", "regret"):
         table.add_column(col, justify="left" if col in ("panel", "loss", "verdict") else "right")
@@ -98,8 +99,6 @@ def verdict_table(summaries: Mapping[str, Sequence[PanelSummary]]):
 
 
 def print_verdicts(summaries: Mapping[str, Sequence[PanelSummary]], console=None) -> None:
-    from rich.console import Console
-
     console = console or Console()
     console.print(verdict_table(summaries))
     for metric, panels in summaries.items():
