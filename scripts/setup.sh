@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Create or reuse .venv in the checkout and install everything the project needs.
-# Usage: scripts/setup.sh [dev]    ("dev" adds the test dependencies)
+# Usage: scripts/setup.sh [dev]    (the library and the `moga` command, moga[cli]; "dev" adds the test dependencies)
 # Idempotent: a stamp of pyproject.toml + this script skips pip when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra="${1:-}"
 PY="${PYTHON:-python3}"
-# The pinned CPU build lies on disk on our machines; a looser spec with no torch installed pulls a
-# multi-GB CUDA build, so torch is installed first and pinned. Override with MOGA_TORCH_SPEC.
+# torch is installed first and pinned: where pip is configured with a local wheel directory holding the CPU
+# build, the pin selects it; a looser spec would pull a multi-GB CUDA build. Override with MOGA_TORCH_SPEC.
 TORCH_SPEC="${MOGA_TORCH_SPEC:-torch==2.13.0}"
 
 if [ ! -x .venv/bin/python ]; then
@@ -27,7 +27,7 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
     echo "[setup] installing $TORCH_SPEC"
     "$VPY" -m pip install -q "$TORCH_SPEC"
 fi
-if [ "$extra" = "dev" ]; then target=".[dev]"; else target="."; fi
+if [ "$extra" = "dev" ]; then target=".[dev]"; else target=".[cli]"; fi
 echo "[setup] installing moga ($target)"
 "$VPY" -m pip install -q -e "$target"
 # GPT-2's BPE ranks ship inside openai-whisper; --no-deps avoids its heavy dependencies.

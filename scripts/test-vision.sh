@@ -18,5 +18,5 @@ if ! "$VPY" -c 'import torchvision' 2>/dev/null; then
         exit 0
     fi
 fi
-"$VPY" -m pip install -q -e . pytest pytest-timeout
+"$VPY" -m pip install -q -e ".[cli]" pytest pytest-timeout
 exec "$VPY" -m pytest -q tests/test_roles.py tests/test_depth.py -k "torchvision or resnet" "$@"

@@ -30,7 +30,3 @@ app.add_typer(data_app, name="data")
 
 def main() -> None:
     app()
-
-
-if __name__ == "__main__":
-    main()
