@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
-# Datasets beside the checkout (a development or CI machine's shared/data: tiny Shakespeare, CIFAR-10 JPEGs)
+# Datasets in shared/data beside the checkout (tiny Shakespeare, CIFAR-10 JPEGs, where a CI runner provides them)
 # are found through $MOGA_DATA, unless the caller already points it elsewhere.
 if [ -z "${MOGA_DATA:-}" ] && [ -d ../shared/data ]; then
     export MOGA_DATA="$(cd ../shared/data && pwd)"

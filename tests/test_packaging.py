@@ -1,5 +1,5 @@
-"""The wheel carries what the README uses: every `configs/...yaml` it names ships inside the package, and
-those names resolve from an installed copy run outside the repository."""
+"""The wheel carries what the README and docs/ use: every `configs/...yaml` they name ships inside the package,
+and those names resolve from an installed copy run outside the repository."""
 
 import re
 import shutil
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README_CONFIGS = sorted(set(re.findall(r"configs/(?:train|sweeps|smoothness)/\w+\.ya?ml", (ROOT / "README.md").read_text())))
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README_CONFIGS = sorted({c for doc in DOCS for c in re.findall(r"configs/(?:train|sweeps|smoothness)/\w+\.ya?ml", doc.read_text())})
 
 
 @pytest.fixture(scope="module")

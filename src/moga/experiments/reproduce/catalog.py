@@ -31,7 +31,7 @@ CONFIGS = Path(__file__).parent / "configs"
 SCALES = ("quick", "cpu", "paper")
 KINDS = ("transfer", "joint", "race", "convergence", "quality")
 # Calibrated on `moga demo` (108 residual-MLP runs, 1.4e13 training FLOPs), which took 420 s with 2 workers on
-# this project's 2-core machine when it was quiet; this model gives it 8 minutes. Used for estimates only.
+# a quiet 2-core CPU; this model gives it 8 minutes. Used for estimates only.
 CPU_FLOPS_PER_CORE = 20e9
 # The convergence experiment's batch-512, width-512 matmuls run far faster: calibrated on its default run
 # (Fashion-MNIST and CIFAR-10), which took 153 s on the same 2 cores (README, "Smoothness").
