@@ -10,6 +10,7 @@ from rich.console import Console
 from moga.status import Status
 from moga.sweep.executor import EXECUTORS, run_sweep
 from moga.sweep.results import status_table
+from moga.sweep.seeds import run_sweep_until_decided
 from moga.sweep.spec import Sweep, SweepError
 from moga.sweep.store import SweepStore
 from moga.train.cli import refuse_imports
@@ -77,8 +78,6 @@ def sweep(
         run = lambda sw: run_sweep(sw, out, workers, executor, ray_address, progress=not quiet,  # noqa: E731
                                    retry_failed=retry_failed)
         if seeds > 1:
-            from moga.sweep.seeds import run_sweep_until_decided
-
             spec, counts = run_sweep_until_decided(spec, out, run, by, max_regret, min(seeds, max_seeds),
                                                    max_seeds)
             console.print(f"seeds: {len(spec.cells)} cells with those added where a decision was close")
