@@ -39,8 +39,10 @@ from torch import nn
 from torch.func import functional_call
 
 from moga.depth import residual_alpha
+from moga.experiments.coordcheck_plot import figure
 from moga.geometry import parse_geometry
 from moga.models import GPT, ResidualMLP
+from moga.models.init import width_aware_init
 from moga.optim.registry import OPTIMIZERS as REGISTRY
 from moga.roles import build_plan
 from moga.train.build import refuse_import
@@ -332,8 +334,6 @@ def plot(records: list[Record], path: Path, optimizer: str, depth: int | None = 
     """Writes :func:`moga.experiments.coordcheck_plot.figure` to ``path``."""
     import matplotlib.pyplot as plt
 
-    from moga.experiments.coordcheck_plot import figure
-
     fig = figure(records, optimizer, depth)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -370,8 +370,6 @@ def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZE
                 kwargs = {"width": width, "seed": seed, **({"depth": depth} if depth is not None else {})}
                 problem = build(**kwargs)
                 if init == "width":
-                    from moga.models.init import width_aware_init
-
                     width_aware_init(problem.model, seed=seed)
                 records += run_one(problem, optimizer, lr, steps, width, depth)
     return records, verdicts(records, tolerance)
