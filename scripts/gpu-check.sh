@@ -6,9 +6,9 @@
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]          (default: $OUT, else ./gpu-check)
 #
-# It needs only python with torch, and moga's own dependencies. Where some are missing and there is no
-# network (pydantic, on an image that has torch, typer, rich, numpy and pyyaml), carry them as wheels in
-# ./.whl (or $GPU_CHECK_WHEELS): made on a machine with a network by
+# It needs python with torch and moga's cli extra (its steps run `moga train` and `moga bench`). Where some
+# are missing and there is no network (pydantic, on an image that has torch, typer, rich, numpy and pyyaml),
+# carry them as wheels in ./.whl (or $GPU_CHECK_WHEELS): made on a machine with a network by
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #       pydantic pydantic-core annotated-types typing-inspection

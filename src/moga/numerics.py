@@ -169,7 +169,7 @@ def _peak_sign(g: torch.Tensor, dims: tuple[int, ...], reduce: Reduce | None = N
 
 def phi(g: torch.Tensor, p: float, dims: tuple[int, ...], reduce: Reduce | None = None) -> torch.Tensor:
     """phi_p along ``dims``: the l_{p*} unit vector maximising <g, .> (docs/math.md §1.1):
-    ``sign(g) |g|^(p-1) / ||g||_p^(p-1)``. phi_1 = sign; phi_inf puts all mass on the largest |g_i|.
+    ``sign(g) |g|^(p-1) / ||g||_p^(p-1)``. phi_1 = sign; phi_inf splits it equally among the largest |g_i|.
     Exact at every magnitude."""
     if p == 1:
         return torch.sign(g)
