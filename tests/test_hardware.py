@@ -1,5 +1,8 @@
 """Hardware facts: detected once, overridden by $MOGA_ASSUME and by assume() blocks (innermost wins)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -45,3 +48,24 @@ def test_no_compiler_means_the_plain_path_or_a_clear_error():
             fused_available("cpp", torch.device("cpu"))
     with assume(triton=False), pytest.raises(RuntimeError, match="triton is not installed"):
         fused_available("cpp", torch.device("cuda"))
+
+
+def test_traced_as_constant_marks_a_function_as_torch_compiler_does():
+    from moga.hardware import traced_as_constant
+
+    def ours():
+        return 1
+
+    def torchs():
+        return 1
+
+    assert traced_as_constant(ours) is ours
+    assert torch.compiler.assume_constant_result(torchs) is torchs
+    assert vars(ours) == vars(torchs) and vars(ours)  # the same marks, and some mark
+
+
+def test_import_moga_does_not_load_torch_dynamo():
+    """torch._dynamo costs about 1 s, half of `import moga`; only a compile needs it."""
+    code = "import sys, moga; from moga import MOGA, Muon; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

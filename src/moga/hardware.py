@@ -27,10 +27,17 @@ class Hardware:
 
 
 NAMES = tuple(f.name for f in fields(Hardware))
+
+
+def traced_as_constant(fn):
+    """``torch.compiler.assume_constant_result`` without its import of torch._dynamo, which is half of the
+    cost of ``import moga`` (about 1 s): it only marks the function (a test keeps the two equal)."""
+    fn._dynamo_marked_constant = True
+    return fn
 _assumed: list[dict[str, bool]] = []  # the stack of assume() blocks, innermost last
 
 
-@torch.compiler.assume_constant_result  # static within a compiled step: traced as a constant
+@traced_as_constant  # static within a compiled step
 def facts() -> Hardware:
     """The machine as detected, with ``$MOGA_ASSUME`` and the active :func:`assume` blocks laid over it."""
     answers = dict(_from_env(os.environ.get("MOGA_ASSUME", "")))

@@ -14,8 +14,6 @@ import warnings
 from functools import lru_cache
 
 import torch
-from torch._dynamo.exc import TorchDynamoException
-from torch._inductor.exc import InductorError
 
 from moga.kernels import reference
 
@@ -24,6 +22,10 @@ _failed: dict[tuple, str] = {}  # kind of call -> why its compile failed
 
 def compile_errors() -> tuple[type[BaseException], ...]:
     """What a failed compile raises (before anything runs): dynamo's and inductor's own errors."""
+    # deferred on purpose: torch._dynamo is half of the cost of `import moga` (about 1 s) and only a compile needs it
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import InductorError
+
     return TorchDynamoException, InductorError
 
 

@@ -9,12 +9,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from moga.geometry import Geometry, KernelPlan
+from moga.hardware import traced_as_constant
 from moga.layout import Layout
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
-@torch.compiler.assume_constant_result  # depends on static facts only: traced as a constant
+@traced_as_constant  # depends on static facts only
 def plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> KernelPlan | None:
     """``((B, K, N), p, factor)`` such that the geometry's LMO is ``-factor * phi_p`` along K of the
     tensor's (B, K, N) view; None when the kernel does not cover it (spectral, vector, p = inf, or
