@@ -161,3 +161,34 @@ def test_the_stored_cpu_outcomes_recheck_from_their_own_cells():
         checked += 1
     if not checked:
         pytest.skip("no stored CPU outcome keeps its cells yet")
+
+
+def test_the_convergence_outcome_states_its_seed_interval(tmp_path):
+    import torch
+
+    rep = get("convergence")
+    raw = merge(json.loads(json.dumps(rep.raw)), {"scales": {"quick": {"settings": {"shared_depths": []}}}})
+    rep = Reproduction(rep.name, rep.paper, rep.figure, rep.claim, rep.kind, raw)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: spinning threads on a shared CPU cost more than they give
+    try:
+        out = reproduce(rep, tmp_path / "c", "quick", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads((tmp_path / "c" / "results.json").read_text())
+    (entry,) = result["adaptive_vs_constant"]
+    gain = entry["gain"]
+    assert gain["seeds"] == 3 and len(entry["runs"]) == 3 * 3  # the quick scale's 3 seeds, adaptive + 2 rates each
+    assert out["outcome"] == {"held": "held", "failed": "failed", "inconclusive": "inconclusive"}[gain["verdict"]]
+    assert "95% interval" in out["key"] and "Student t over 3 paired seeds" in out["key"]
+    assert out["details"][0].startswith(f"[{gain['verdict']}] adaptive beats every constant rate on digits")
+
+
+def test_a_claim_of_several_checks():
+    from moga.experiments.reproduce.run import combined_outcome
+
+    assert combined_outcome(["held", "held"]) == "held"
+    assert combined_outcome(["held", "inconclusive"]) == "inconclusive"
+    assert combined_outcome(["inconclusive", "not measured"]) == "undecided"
+    assert combined_outcome(["held", "failed", "not measured"]) == "failed"
+    assert combined_outcome([]) == "undecided"

@@ -7,7 +7,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from moga.experiments.smoothness.convergence import constant_rates, convergence_experiment, step_rule_experiment
+from moga.experiments.smoothness.convergence import (constant_rates, convergence_experiment, paired_gain,
+                                                     step_rule_experiment)
 from moga.experiments.smoothness.report import loglog_slope, spearman, trend
 from moga.experiments.smoothness.scaling import depth_experiment, width_experiment
 
@@ -88,6 +89,52 @@ def test_convergence_and_step_rule_miniatures(tmp_path):
     cap = result["settings"]["cap"]
     assert all(0 < lr <= cap for lr in running["curve"]["lr"]) and min(running["curve"]["lr"]) < cap
     assert "vs the best constant" in summary
+
+
+def test_paired_gain_decides_only_outside_its_interval():
+    # best constant - adaptive per seed: a clear win, a clear loss, a straddle
+    win = paired_gain([1.0, 1.1, 0.9], {0.1: [1.2, 1.31, 1.12], 0.3: [1.5, 1.6, 1.4]})
+    assert win["best_constant_lr"] == 0.1 and win["verdict"] == "held" and win["seeds"] == 3
+    assert win["difference"] == pytest.approx(0.21) and 0 < win["low"] < 0.21 < win["high"]
+    lost = paired_gain([1.0, 1.1, 0.9], {0.1: [0.8, 0.92, 0.69]})
+    assert lost["verdict"] == "failed" and lost["high"] < 0
+    # mean +0.033 but the seeds disagree: the t interval (4.30 * sd / sqrt 3) straddles 0
+    straddle = paired_gain([1.0, 1.1, 0.9], {0.1: [1.1, 1.05, 0.95]})
+    assert straddle["difference"] > 0 and straddle["low"] < 0 < straddle["high"]
+    assert straddle["verdict"] == "inconclusive"
+    # one seed has no interval, however large the gap
+    assert paired_gain([1.0], {0.1: [2.0]})["verdict"] == "inconclusive"
+    # the best constant is the lowest seed mean, compared seed by seed (paired), not each seed's best
+    assert paired_gain([1.0, 1.0], {0.1: [0.5, 3.0], 0.2: [1.2, 1.3]})["best_constant_lr"] == 0.2
+    # a diverged seed: decided only when every seed agrees
+    assert paired_gain([1.0, 1.0], {0.1: [math.inf, 1.5]})["verdict"] == "held"
+    assert paired_gain([math.inf, 1.0], {0.1: [1.2, 1.5]})["verdict"] == "inconclusive"
+
+
+def _stamps(out):
+    """Each run file's modification time (not the lock files, which every call opens)."""
+    return {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file() and not p.name.startswith(".")}
+
+
+def test_convergence_seeds_are_new_runs_and_cached(tmp_path):
+    out, quiet = tmp_path / "c", (lambda s: None)
+    convergence_experiment(out, quick=True, log=quiet, shared_depths=[])
+    one = _stamps(out)
+    convergence_experiment(out, quick=True, log=quiet, shared_depths=[], seeds=2)
+    two = _stamps(out)
+    assert {p: two[p] for p in one} == one  # seed 0's runs are the cached ones, untouched
+    dirs = [d.name for d in (out / "runs").iterdir()]  # adaptive and 2 constant rates, on seeds 0 and 1
+    assert len(dirs) == 6 and sum("-seed1-" in d for d in dirs) == 3
+    result = json.loads((out / "results.json").read_text())
+    (a,) = result["adaptive_vs_constant"]
+    assert a["gain"]["seeds"] == 2 and len(a["runs"]) == 6
+    by_name = {r["name"]: r for r in a["runs"]}
+    assert by_name["ff-digits-adaptive"]["final_train_loss"] != by_name["ff-digits-adaptive-seed1"]["final_train_loss"]
+    for lr in a["constant_rates"]:  # the same rates on both seeds
+        assert {by_name[f"ff-digits-constant-{lr:.3g}{s}"]["optim"]["lr"] for s in ("", "-seed1")} == {lr}
+    assert a["verdict"] in ("held", "failed", "inconclusive") and "paired seeds" in (out / "summary.md").read_text()
+    convergence_experiment(out, quick=True, log=quiet, shared_depths=[], seeds=2)
+    assert _stamps(out) == two  # nothing ran again
 
 
 def test_cli_runs_an_experiment_and_plots_diagnostics(tmp_path):

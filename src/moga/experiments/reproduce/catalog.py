@@ -257,7 +257,7 @@ def _convergence_seconds(s: dict) -> float:
         params = inputs["in_features"] * s["width"] + (s["depth"] - 2) * s["width"] ** 2 + s["width"] * 10
         epochs = s["cifar_epochs"] if d.startswith("cifar") else s["epochs"]
         range_examples = s["range_lrs"] * s["range_steps"] * s["batch_size"]
-        total += 6 * params * (n * epochs * (1 + s["constant_rates"]) + range_examples)
+        total += 6 * params * (n * epochs * (1 + s["constant_rates"]) * s["seeds"] + range_examples)
     inputs, n = sizes[s["data"][0]]
     shared = inputs["in_features"] * s["width"]  # the shared-weights net's only weights
     for L in s["shared_depths"]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from moga.experiments.reproduce import quality
 from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
 from moga.experiments.reproduce.race import judge_race, race_seeds
-from moga.experiments.smoothness.convergence import convergence_experiment
+from moga.experiments.smoothness.convergence import convergence_experiment, gain_text
 from moga.sweep.executor import run_sweep
 from moga.sweep.report import analyze, write_report
 from moga.sweep.report.joint import analyze_joint, plot_regret_map
@@ -277,29 +277,37 @@ def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     return {**result, "report": str(out / "report" / "race.json")}
 
 
+def combined_outcome(states: list[str]) -> str:
+    """A claim of several checks: failed when one failed, undecided when one was not measured (or none ran),
+    inconclusive when one was, held when all held."""
+    if not states:
+        return "undecided"
+    return ("failed" if "failed" in states else "undecided" if "not measured" in states
+            else "inconclusive" if "inconclusive" in states else "held")
+
+
 def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, progress: bool) -> dict:
     settings = rep.settings(scale, data)
     quick = bool(settings.pop("quick", False))
     log = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
     result = convergence_experiment(out, quick, log, **settings)
-    checks = []
+    checks = []  # (claim, held / failed / inconclusive / not measured, numbers)
     for entry in result["adaptive_vs_constant"]:
-        checks.append((f"adaptive beats every constant rate on {entry['data']}", entry["held"],
+        checks.append((f"adaptive beats every constant rate on {entry['data']}", entry["verdict"],
                        f"adaptive {entry['adaptive_final_loss']:.4g} vs best constant "
-                       f"{entry['best_constant_final_loss']:.4g} ({entry['data']})"))
+                       f"{entry['best_constant_final_loss']:.4g} ({entry['data']}; {gain_text(entry['gain'])})"))
     shared = result.get("shared") or {}
+    one = lambda state: "not measured" if state is None else "held" if state else "failed"  # noqa: E731
     for kind, d in (shared.get("deeper_slower") or {}).items():
         rho = d.get("spearman")
-        checks.append((f"deeper converges slower ({kind} lr)", d.get("held"),
-                       "depth vs loss: too few depths" if rho is None else f"depth vs loss Spearman {rho:.2f}"))
+        checks.append((f"deeper converges slower ({kind} lr)", one(d.get("held")),
+                       "depth vs loss: too few depths" if rho is None else f"depth vs loss Spearman {rho:.2f} "
+                       "(one seed)"))
     for kind, r in (result.get("long") or {}).items():
         if isinstance(r, dict) and "still_growing" in r:
-            checks.append((f"||W_t|| still growing at L = 2 ({kind} lr)", r["still_growing"],
-                           f"+{100 * r['growth_second_half']:.1f}% over the second half"))
-    states = [c[1] for c in checks]
-    outcome = ("undecided" if not checks or None in states else "held" if all(states) else "failed")
-    return {"outcome": outcome, "key": "; ".join(f"{c[2]}" for c in checks[:2]),
-            "details": [f"[{'held' if c[1] else 'not measured' if c[1] is None else 'failed'}] {c[0]}: {c[2]}"
-                        for c in checks],
+            checks.append((f"||W_t|| still growing at L = 2 ({kind} lr)", one(r["still_growing"]),
+                           f"+{100 * r['growth_second_half']:.1f}% over the second half (one seed)"))
+    return {"outcome": combined_outcome([c[1] for c in checks]), "key": "; ".join(f"{c[2]}" for c in checks[:2]),
+            "details": [f"[{c[1]}] {c[0]}: {c[2]}" for c in checks],
             "report": result["files"]["summary"], "data": ",".join(result["settings"]["data"]),
             "runs": {"missing data": result["missing"]} if result["missing"] else {}}

@@ -9,7 +9,11 @@ Convergence paper (docs/math.md §6):
 - adaptive vs constant learning rate: bias-free GELU feedforward nets, width 512, ``L = 4`` layers, batch 512,
   cross-entropy, plain gradient descent; the constant rates span the lr-range test's fastest-descent range
   ``[steepest, lr at the minimum]`` (the paper's recipe); on Fashion-MNIST, and CIFAR-10 flattened when present.
-  Claim: the adaptive step converges faster (lower final training loss than every constant rate).
+  Claim: the adaptive step converges faster (lower final training loss than every constant rate). With
+  ``seeds`` > 1 every run repeats on seeds ``seed, seed + 1, ...`` at the same constant rates (picked once, from
+  the range test of the first seed), so the seeds pair up: the verdict is the 95% Student t interval of the mean
+  per-seed difference (best constant, by seed mean) - adaptive. Held when it lies above 0, failed below,
+  inconclusive otherwise (always with one seed). The two claims below run on the first seed only.
 - the shared-weights net over depths ``L``: adaptive and one constant rate per depth (the lr at the minimum of
   that depth's range test, the best of its short runs, or the next grid rate down when it diverges). Claim:
   deeper converges slower (final training loss rises with ``L`` over ``L >= 3``: Spearman rank
@@ -34,6 +38,8 @@ import numpy as np
 import torch
 
 from moga.data.images import locate_image_data
+from scipy import stats
+
 from moga.experiments.smoothness.plots import plot_curves
 from moga.experiments.smoothness.report import fmt, held, spearman, table, write_outputs
 from moga.smoothness import BlockGeometry, smoothness
@@ -122,7 +128,7 @@ def convergence_settings(quick: bool = False, **overrides) -> dict:
     s = {"data": ["fashion-mnist", "cifar10"], "width": 512, "depth": 4, "batch_size": 512, "epochs": 3,
          "cifar_epochs": 2, "constant_rates": 3, "shared_depths": [2, 3, 4, 6, 8], "shared_epochs": 3,
          "long_epochs": 20, "alpha": 1.0, "range_steps": 40, "range_lrs": 9, "range_lr_min": 1e-3,
-         "range_lr_max": 10.0, "log_every": 5, "seed": 0}
+         "range_lr_max": 10.0, "log_every": 5, "seed": 0, "seeds": 1}
     if quick:
         s.update(data=["digits"], width=32, depth=3, batch_size=64, epochs=1, cifar_epochs=1, constant_rates=2,
                  shared_depths=[2, 3], shared_epochs=1, long_epochs=2, range_steps=4, range_lrs=5, log_every=2)
@@ -130,7 +136,36 @@ def convergence_settings(quick: bool = False, **overrides) -> dict:
     if unknown:
         raise ValueError(f"unknown convergence settings {sorted(unknown)}; valid: {sorted(s)}")
     s.update({k: v for k, v in overrides.items() if v is not None})
+    if int(s["seeds"]) < 1:
+        raise ValueError(f"convergence setting seeds must be at least 1, got {s['seeds']}")
     return s
+
+
+def _seeded(cfg: dict, seed: int) -> dict:
+    """The run of ``cfg`` on another seed: the seed is part of the config, so of its cache key (the first seed
+    keeps its name and config, so its cached runs stay valid)."""
+    return cfg if seed == cfg["seed"] else {**cfg, "seed": seed, "name": f"{cfg['name']}-seed{seed}"}
+
+
+def paired_gain(adaptive: list[float], constants: dict[float, list[float]], level: float = 0.95) -> dict:
+    """(best constant - adaptive) final loss over paired seeds, the best constant the rate of lowest seed mean:
+    the mean per-seed difference with its Student t interval (n - 1 degrees of freedom; none with one seed).
+    When a seed diverged (an infinite difference), the interval is the seeds' range: decided only when every
+    seed agrees. Verdict: held above 0, failed below, inconclusive otherwise."""
+    means = {lr: sum(v) / len(v) for lr, v in constants.items()}
+    best = min(means, key=lambda lr: (means[lr], lr))
+    diffs = [c - a for c, a in zip(constants[best], adaptive, strict=True)]
+    n, point = len(diffs), sum(diffs) / len(diffs)  # inf - inf is nan, silently: no seed agreement
+    if not all(math.isfinite(d) for d in diffs):
+        low, high = min(diffs), max(diffs)
+    elif n < 2:
+        low, high = -math.inf, math.inf
+    else:
+        half = stats.t.ppf(0.5 + level / 2, n - 1) * float(np.std(diffs, ddof=1)) / math.sqrt(n)
+        low, high = point - half, point + half
+    verdict = "held" if low > 0 else "failed" if high < 0 else "inconclusive"
+    return {"best_constant_lr": best, "difference": point, "low": low, "high": high, "seeds": n,
+            "level": level, "verdict": verdict}
 
 
 def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[str], None] = print,
@@ -152,23 +187,29 @@ def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[
         model = {"name": "feedforward", "width": s["width"], "depth": s["depth"], "activation": "gelu"}
         base = _config(f"ff-{data}", model, data, {}, epochs, s["batch_size"], s)
         rates = constant_rates(_range(base, out, s, log)["suggestion"], s["constant_rates"])
-        runs = [_run({**base, "name": f"ff-{data}-adaptive", "optim": {"name": "adaptive-gd", "lr": s["alpha"]}},
-                     out, log)]
-        runs += [_run({**base, "name": f"ff-{data}-constant-{lr:.3g}", "optim": {"name": "sgd", "lr": lr}}, out, log)
-                 for lr in rates]
-        adaptive, constants = runs[0], runs[1:]
-        best = min(constants, key=lambda r: _loss(r))
+        per_seed = []  # [adaptive, constant at each rate] per seed, the same rates on every seed
+        for seed in range(s["seed"], s["seed"] + int(s["seeds"])):
+            per_seed.append([_run(_seeded({**base, "name": f"ff-{data}-adaptive",
+                                           "optim": {"name": "adaptive-gd", "lr": s["alpha"]}}, seed), out, log)]
+                            + [_run(_seeded({**base, "name": f"ff-{data}-constant-{lr:.3g}",
+                                             "optim": {"name": "sgd", "lr": lr}}, seed), out, log) for lr in rates])
+        gain = paired_gain([_loss(rs[0]) for rs in per_seed],
+                           {lr: [_loss(rs[1 + i]) for rs in per_seed] for i, lr in enumerate(rates)})
+        runs = per_seed[0]
+        adaptive = runs[0]
+        best_i = rates.index(gain["best_constant_lr"])
         result["adaptive_vs_constant"].append({
-            "data": data, "epochs": epochs, "constant_rates": rates, "runs": runs,
-            "adaptive_final_loss": adaptive["final_train_loss"], "best_constant_lr": best["optim"]["lr"],
-            "best_constant_final_loss": best["final_train_loss"],
-            "held": _loss(adaptive) < _loss(best)})
+            "data": data, "epochs": epochs, "constant_rates": rates, "runs": [r for rs in per_seed for r in rs],
+            "adaptive_final_loss": float(np.mean([_loss(rs[0]) for rs in per_seed])),
+            "best_constant_lr": gain["best_constant_lr"],
+            "best_constant_final_loss": float(np.mean([_loss(rs[1 + best_i]) for rs in per_seed])),
+            "held": gain["difference"] > 0, "gain": gain, "verdict": gain["verdict"]})
         panels.append({"title": f"feedforward L={s['depth']}, width {s['width']}, {data}", "ylabel": "training loss",
                        "logy": True, "curves": [_curve(r, "adaptive" if r is adaptive else f"lr {r['optim']['lr']:.3g}")
                                                 for r in runs]})
     # 2. the shared-weights net over depths, and 3. L = 2 on a longer run
     data = next((d for d in s["data"] if _available(d)), None)
-    if data is not None:
+    if data is not None and s["shared_depths"]:
         shared = {"adaptive": [], "constant": []}
         for L in s["shared_depths"]:
             model = {"name": "shared_weights", "width": s["width"], "depth": L, "activation": "gelu"}
@@ -260,6 +301,15 @@ def _long_run(out: Path, s: dict, data: str, shared: dict, log) -> dict:
     return res
 
 
+def gain_text(g: dict) -> str:
+    """The paired comparison in words: the mean difference, its interval and the number of seeds."""
+    seeds = f"{g['seeds']} paired seed{'s' if g['seeds'] != 1 else ''}"
+    if g["seeds"] < 2 and math.isfinite(g["difference"]):
+        return f"best constant - adaptive {g['difference']:+.4g} ({seeds}: no interval)"
+    return (f"best constant - adaptive {g['difference']:+.4g} ({100 * g['level']:.0f}% interval "
+            f"[{g['low']:+.4g}, {g['high']:+.4g}], Student t over {seeds})")
+
+
 def _convergence_summary(result: dict) -> list[str]:
     s = result["settings"]
     lines = ["# The convergence paper at CPU scale", "",
@@ -271,15 +321,17 @@ def _convergence_summary(result: dict) -> list[str]:
              "grid rate down, up to twice, when a run at it diverges). Budgets: "
              f"feedforward {s['epochs']} epochs (CIFAR-10: {s['cifar_epochs']}), shared-weights {s['shared_epochs']} "
              f"epochs per depth, the long L = 2 run {s['long_epochs']} epochs (the paper: 100 and 1000). "
-             "'final loss' is the mean training loss over the last epoch of steps.",
+             "'final loss' is the mean training loss over the last epoch of steps. "
+             f"Adaptive vs constant on {s['seeds']} seed(s) from {s['seed']} (the mean over seeds; the "
+             "shared-weights and long runs on the first seed only).",
              f"Total time {result['seconds']} s." + (f" Not present, skipped: {', '.join(result['missing'])}."
                                                       if result["missing"] else ""), "", "## Verdicts", ""]
     for a in result["adaptive_vs_constant"]:
         lines.append(f"- Adaptive faster than constant ({a['data']}, feedforward L={s['depth']}, width {s['width']}, "
                      f"{a['epochs']} epochs): adaptive final loss {fmt(a['adaptive_final_loss'])}, best constant "
                      f"(lr {fmt(a['best_constant_lr'])}) {fmt(a['best_constant_final_loss'])} "
-                     f"({100 * (_ratio(a['adaptive_final_loss'], a['best_constant_final_loss']) - 1):+.1f}%): "
-                     f"**{held(a['held'])}**.")
+                     f"({100 * (_ratio(a['adaptive_final_loss'], a['best_constant_final_loss']) - 1):+.1f}%); "
+                     f"{gain_text(a['gain'])}: **{a['verdict']}**.")
     sh = result.get("shared") or {}
     for kind, v in (sh.get("deeper_slower") or {}).items():
         losses = ", ".join(f"L={k}: {fmt(x)}" for k, x in v["final_losses"].items())
