@@ -39,6 +39,7 @@ def main(jobs_path: str) -> None:
                     shutil.copytree(job["dir"], job["snapshot"])
                 dist.barrier()
             assert run(job["config"], job["dir"], quiet=True)["status"] == "finished"
+        dist.barrier()  # no rank closes its connections while another still uses them (gloo aborts on that)
     finally:
         dist.destroy_process_group()
 

@@ -91,8 +91,14 @@ def setup(device: str = "auto", parallel: str = "auto") -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank, dev, owns)
 
 
-def teardown(d: Dist) -> None:
+def teardown(d: Dist, clean: bool = True) -> None:
+    """Leave the group this run made. After a clean run every rank waits for the others first: a rank that
+    closes its connections while another still uses them makes gloo abort (SIGABRT, "terminate called
+    without an active exception"), failing a finished run. After an error no rank waits (the others may
+    never arrive)."""
     if d.owns_group and dist.is_initialized():
+        if clean and d.world > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

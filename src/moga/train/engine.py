@@ -70,9 +70,12 @@ def run(config: RunConfig | dict | str | Path, run_dir: str | Path, *, stop_at: 
     cfg = as_config(config)
     dist = distributed.setup(cfg.train.device, cfg.train.parallel)
     try:
-        return Trainer(cfg, Path(run_dir), dist, quiet=quiet).fit(stop_at, wait=wait)
-    finally:
-        distributed.teardown(dist)
+        result = Trainer(cfg, Path(run_dir), dist, quiet=quiet).fit(stop_at, wait=wait)
+    except BaseException:
+        distributed.teardown(dist, clean=False)
+        raise
+    distributed.teardown(dist)
+    return result
 
 
 def read_result(run_dir: str | Path) -> dict | None:
