@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from moga.experiments.reproduce.catalog import Reproduction, get, merge
+from moga.experiments.reproduce.quality import _tuned_verdict, claim_outcome, relative_interval, verdict
 from moga.experiments.reproduce.run import judge_panels, recheck, reproduce
 from moga.experiments.reproduce.table import END, START, load_outcomes, results_table, update_readme
 from moga.sweep.report import analyze
@@ -151,6 +152,15 @@ def test_the_stored_cpu_outcomes_recheck_from_their_own_cells():
         outcome = json.loads(path.read_text())
         if "cells" not in outcome:
             continue  # stored before verdicts had intervals: the README table marks it
+        if "analysis" not in outcome:  # the quality kind stores each comparison with both sides' seed losses
+            for c in (c for c in outcome["cells"] if "relative" in c):
+                point, low, high = relative_interval(c["subject_losses"], c["baseline_losses"])
+                assert (point, low, high) == pytest.approx((c["relative"], c["low"], c["high"])), path.name
+                assert c["seeds"] >= 3 and c["outcome"] == _tuned_verdict(verdict(low, high), c,
+                                                                          c["baseline_lr_on_edge"]), path.name
+            assert outcome["outcome"] == claim_outcome(outcome["cells"]), path.name
+            checked += 1
+            continue
         assert [(v["panel"], v["verdict"], v["line"]) for v in recheck(outcome)] == \
             [(p["panel"], p["verdict"], p["line"]) for p in outcome["panels"]], path.name
         seeds = {}
