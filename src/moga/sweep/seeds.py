@@ -114,4 +114,3 @@ def run_sweep_until_decided(sweep, out, run, group_keys: Sequence[str], max_regr
 
     return run_until_decided(make, out, run, lambda sw: (records(SweepStore(out)), scale_key), group_keys,
                              max_regret, min_seeds, max_seeds)
-
