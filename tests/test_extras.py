@@ -108,6 +108,19 @@ for run in (console_script, lambda: runpy.run_module("moga", run_name="__main__"
     assert run.stdout.splitlines() == [repr(message)] * 2 and "\n" not in message
 
 
+def test_the_training_module_without_the_cli_extra_names_the_extra():
+    """torchrun runs `python -m moga.train`, whose package imports yaml and pydantic before any command."""
+    code = """
+import runpy
+sys.argv = ["moga.train", "--help"]
+runpy.run_module("moga.train", run_name="__main__")
+"""
+    run = _python(code)
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: moga.train needs the cli extra: pip install 'moga[cli]' ("), last
+
+
 def test_the_command_with_the_cli_extra_runs(capsys, monkeypatch):
     module, _, function = PYPROJECT["project"]["scripts"]["moga"].partition(":")
     monkeypatch.setattr(sys, "argv", ["moga", "--help"])

@@ -24,3 +24,16 @@ def cli_extra():
         if (e.name or "").partition(".")[0] not in CLI_MODULES:
             raise
         sys.exit(f"{CLI_HINT} ({e.name} is not installed)")
+
+
+@contextmanager
+def needs_cli_extra(what: str):
+    """For a package of the cli extra's world (``moga.train``): importing it without the extra raises a
+    ModuleNotFoundError whose message says which install brings it, not only which module is missing."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] not in CLI_MODULES:
+            raise
+        raise ModuleNotFoundError(f"{what} needs the cli extra: pip install 'moga[cli]' ({e.name} is not installed)",
+                                  name=e.name) from e

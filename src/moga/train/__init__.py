@@ -8,12 +8,16 @@
 `moga train CONFIG key=value ...` is the same from the shell (``torchrun`` for several processes).
 """
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .config import ConfigError, RunConfig, apply_overrides, build_config, config_diff, config_hash, load_config
-from .engine import DIVERGED, FINISHED, STOPPED, Trainer, read_result, run
-from .lr_range import lr_range_test  # noqa: E402
-from .metrics import read_metrics
-from .schedule import Schedule, build_schedule
+from moga.extras import needs_cli_extra
+
+with needs_cli_extra("moga.train"):  # yaml, pydantic: `python -m moga.train` says how to get them
+    from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from .config import ConfigError, RunConfig, apply_overrides, build_config, config_diff, config_hash, load_config
+    from .engine import DIVERGED, FINISHED, STOPPED, Trainer, read_result, run
+    from .lr_range import lr_range_test  # noqa: E402
+    from .metrics import read_metrics
+    from .schedule import Schedule, build_schedule
+
 
 __all__ = [
     "CheckpointError", "ConfigError", "DIVERGED", "FINISHED", "RunConfig", "STOPPED", "Schedule", "Trainer",
