@@ -225,25 +225,26 @@ def estimate(rep: Reproduction, scale: str = "cpu", cores: int = 2, min_seeds: i
     sweep = rep.sweep(scale)
     seen: dict[str, dict] = {}
     costs = []
-    panels: dict[str, list] = {}  # cells that differ only in lr and seed: one curve of one panel at one scale
+    curves: dict[str, tuple[int, float]] = {}  # cells that differ only in lr and seed (one curve of one panel at
+    # one scale): how many, and the cost of one (they train the same model for the same steps)
     for c in sweep.cells:  # cells that differ only in optimizer settings or seed cost the same: one model each
         key = json.dumps({k: v for k, v in c.items() if not k.startswith("optim.") and k != "seed"}, sort_keys=True)
         if key not in seen:
             seen[key] = cell_cost(sweep.config(c))
         costs.append(seen[key])
         curve = json.dumps({k: v for k, v in c.items() if k not in ("optim.lr", "seed")}, sort_keys=True)
-        panels.setdefault(curve, []).append(seen[key]["seconds"])
+        curves[curve] = (curves.get(curve, (0, 0.0))[0] + 1, seen[key]["seconds"])
     seed_cells, seed_seconds = [0, 0], [0.0, 0.0]
-    for times in panels.values():
+    for count, seconds in curves.values():
         if rep.kind in ("transfer", "joint"):
-            added = [min(r, len(times)) * (n - 1) for r, n in zip(DECISIVE_RATES, (min_seeds, max_seeds))]
+            added = [min(r, count) * (n - 1) for r, n in zip(DECISIVE_RATES, (min_seeds, max_seeds))]
         elif rep.kind == "race":  # one curve per contender and budget; its best rate gets the seeds
             added = [min_seeds - 1] * 2
         else:  # quality: the grid already has its seeds
             added = [0, 0]
         for i in (0, 1):
             seed_cells[i] += added[i]
-            seed_seconds[i] += added[i] * times[0] / cores  # a curve's cells differ in lr and seed only: same cost
+            seed_seconds[i] += added[i] * seconds / cores
     return {"cells": len(sweep.cells), "seconds": sum(c["seconds"] for c in costs) / cores,
             "flops": sum(c["flops"] for c in costs), "seed_cells": tuple(seed_cells),
             "seed_seconds": tuple(seed_seconds)}
