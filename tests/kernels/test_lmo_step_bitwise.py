@@ -9,8 +9,11 @@ exact path in double); three steps each through ``fused_lmo_step_``, and the spl
 ops (``lmo_partials``, ``lmo_apply``: its sums, flags and outputs) on the same inputs.
 
 Floating-point results depend on the vector width, the compiler's contractions and torch's at::vec, so
-the digests are kept per platform key (CPU capability, torch, compiler); elsewhere the test skips. To
-record them for the kernel as built here (only from a kernel known to be right, e.g. before a rewrite):
+the digests are kept per platform key (CPU capability, torch, compiler); elsewhere the test skips. The
+AVX2 and DEFAULT keys were recorded on an AVX-512 machine from the kernel before its rewrite, built for those
+capabilities; ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``) runs this test against them on any x86 CPU that
+has AVX2. To record them for the kernel as built here (only from a kernel known to be right, e.g. before a
+rewrite):
 
     python -m tests.kernels.test_lmo_step_bitwise --write
 """

@@ -98,29 +98,109 @@ MOGA_INLINE X direction_of(LoadG load_g, const X* m, const Ema<T>& ema) {
   return ema.nesterov ? lerp(load_g(), *m, ema.beta) : *m;
 }
 
-// The direction at one vector of elements, after the EMA update of m in place (when there is momentum).
-template <typename T>
-MOGA_INLINE Vectorized<T> direction(const T* g, T* m, int64_t count, const Ema<T> ema) {
+// ---- storage S, math T ----------------------------------------------------------------------------
+// Every vector is read with load_as and written with store_as: the tensor's own memory when S == T; for
+// bfloat16 storage (float math) converted in registers, a vector at a time, so a bfloat16 row makes the
+// same passes as a float one. (Staging whole rows through float copies, as before, made the bfloat16 row
+// step take ~1.7x as long: docs/results.md, Benchmarks.)
+
+// bfloat16 <-> float for count (<= a float vector's size) elements, bit for bit as c10::BFloat16 converts:
+// widening is exact; narrowing rounds to nearest even and stores NaN as 0x7FC0 (at::vec's own conversion
+// stores 0xFFFF). Intrinsics: GCC vectorizes neither conversion well a vector at a time (it assembles
+// the loads word by word and stores the results one by one).
+MOGA_INLINE Vectorized<float> widen(const c10::BFloat16* src, int64_t count) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m256i h = count == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
+                                : _mm256_maskz_loadu_epi16(__mmask16((1u << count) - 1), src);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m128i h;
+  if (count == 8) {
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  } else {
+    alignas(16) c10::BFloat16 part[8] = {};
+    std::copy(src, src + count, part);
+    h = _mm_load_si128(reinterpret_cast<const __m128i*>(part));
+  }
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
+  float lanes[Vectorized<float>::size()];
+  for (int64_t k = 0; k < Vectorized<float>::size(); ++k) lanes[k] = k < count ? float(src[k]) : 0.0f;
+  return Vectorized<float>::loadu(lanes);
+#endif
+}
+
+MOGA_INLINE void narrow(const Vectorized<float>& v, c10::BFloat16* dst, int64_t count) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7FFF));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7FC0));
+  const __m256i h = _mm512_cvtepi32_epi16(r);
+  if (count == 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
+  else _mm256_mask_storeu_epi16(dst, __mmask16((1u << count) - 1), h);
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
+                                        _mm256_set1_epi32(0x7FFF));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  // 32 -> 16 bits: packus works within 128-bit lanes (no saturation: r <= 0xFFFF), then quadwords 0 and 2
+  const __m128i h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0b1000));
+  if (count == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), h);
+  } else {
+    alignas(16) c10::BFloat16 part[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(part), h);
+    std::copy(part, part + count, dst);
+  }
+#else
+  float lanes[Vectorized<float>::size()];
+  v.store(lanes);
+  for (int64_t k = 0; k < count; ++k) dst[k] = c10::BFloat16(lanes[k]);
+#endif
+}
+
+// count elements of S as a vector of T, the lanes past count 0.
+template <typename T, typename S>
+MOGA_INLINE Vectorized<T> load_as(const S* src, int64_t count) {
+  if constexpr (std::is_same_v<S, T>) return Vectorized<T>::loadu(src, count);
+  else return widen(src, count);
+}
+
+// The first count lanes of v into S.
+template <typename T, typename S>
+MOGA_INLINE void store_as(const Vectorized<T>& v, S* dst, int64_t count) {
+  if constexpr (std::is_same_v<S, T>) v.store(dst, count);
+  else narrow(v, dst, count);
+}
+
+// The direction at one vector of elements, after the EMA update of m in place (when there is momentum);
+// kept, when given, receives the updated m in T too (a bfloat16 m is rounded where it is stored).
+template <typename S, typename T>
+MOGA_INLINE Vectorized<T> direction(const S* g, S* m, int64_t count, const Ema<T> ema, T* kept = nullptr) {
   using V = Vectorized<T>;
-  V gv = V::loadu(g, count);
+  V gv = load_as<T>(g, count);
   if (m == nullptr) return gv;
-  V mv = lerp(V::loadu(m, count), gv, ema.rate);
-  mv.store(m, count);
+  V mv = lerp(load_as<T>(m, count), gv, ema.rate);
+  store_as(mv, m, count);
+  if (kept != nullptr) mv.store(kept, count);
   return direction_of([&] { return gv; }, &mv, ema);
 }
 
 // The direction at one vector of elements, m already updated (the second sweep over a row or column).
-template <typename T>
-MOGA_INLINE Vectorized<T> direction_peek(const T* g, const T* m, int64_t count, const Ema<T> ema) {
+template <typename S, typename T>
+MOGA_INLINE Vectorized<T> direction_peek(const S* g, const S* m, int64_t count, const Ema<T> ema) {
   using V = Vectorized<T>;
-  if (m == nullptr) return V::loadu(g, count);
-  const V mv = V::loadu(m, count);
-  return direction_of([&] { return V::loadu(g, count); }, &mv, ema);
+  if (m == nullptr) return load_as<T>(g, count);
+  const V mv = load_as<T>(m, count);
+  return direction_of([&] { return load_as<T>(g, count); }, &mv, ema);
 }
 
 // The direction at element i, m already updated: for the rare rows and columns redone in double.
-template <typename S, typename T>
-inline T direction_at(const S* g, const S* m, int64_t i, const Ema<T>& ema) {
+template <typename T, typename G, typename M>
+inline T direction_at(const G* g, const M* m, int64_t i, const Ema<T>& ema) {
   const T mi = m ? T(m[i]) : T(0);
   return direction_of([&] { return T(g[i]); }, m ? &mi : nullptr, ema);
 }
@@ -176,13 +256,6 @@ inline double factor(double s, double p, double c, Kind kind) {
   return c * std::pow(s, -(p - 1) / p);
 }
 
-// d at every element of a row into out (m already updated), for the rare rows redone in double. Out of
-// line: inlined into the row step, its loop made that function's code 1.7x as long.
-template <typename T>
-MOGA_NOINLINE void redo_direction(const T* g, const T* m, int64_t n, const Ema<T>& ema, T* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = direction_at(g, m, i, ema);
-}
-
 // The slow, exact update of one row or column of directions d (stride apart) in double, divided by
 // its maximum first so that neither |d|^p nor |d|^(p-1) under- or overflows.
 template <typename T>
@@ -219,40 +292,12 @@ inline void prefetch_for_write(const void* p) {
 #endif
 }
 
+// A thread-local row of n elements of T, one per slot.
 template <typename T>
-T* scratch(int64_t n) {
-  thread_local std::vector<T> buffer;
-  if (int64_t(buffer.size()) < n) buffer.resize(n);
-  return buffer.data();
-}
-
-// ---- bfloat16 staging: the one path ---------------------------------------------------------------
-// Math in T on storage S: a row of S is read through a RowIn (the row itself when S == T, else a converted
-// thread-local copy, one per slot: g, m, W) and written back with store_row (nothing to do when S == T).
-
-template <typename S, typename T>
-struct RowIn {
-  const T* ptr;
-  // Inlined: its loop is then vectorized in each caller (out of line, GCC made it mostly scalar: bfloat16
-  // rows measured ~10% slower).
-  MOGA_INLINE RowIn(const S* src, int64_t n, int slot) {
-    if constexpr (std::is_same_v<S, T>) {
-      ptr = src;
-    } else {
-      thread_local std::vector<T> buffers[3];
-      auto& buf = buffers[slot];
-      if (int64_t(buf.size()) < n) buf.resize(n);
-      for (int64_t i = 0; i < n; ++i) buf[i] = T(src[i]);
-      ptr = buf.data();
-    }
-  }
-  T* mutable_ptr() const { return const_cast<T*>(ptr); }  // a copy, or the row of a tensor the step writes
-};
-
-template <typename S, typename T>
-MOGA_INLINE void store_row(const T* src, S* dst, int64_t n) {
-  if constexpr (!std::is_same_v<S, T>)
-    for (int64_t i = 0; i < n; ++i) dst[i] = S(src[i]);
+T* scratch(int64_t n, int slot) {
+  thread_local std::vector<T> buffers[2];
+  if (int64_t(buffers[slot].size()) < n) buffers[slot].resize(n);
+  return buffers[slot].data();
 }
 
 // Rows of length R per parallel task: about 32k elements each.
@@ -260,8 +305,24 @@ inline int64_t row_grain(int64_t R) { return std::max<int64_t>(1, 32768 / std::m
 
 // ---- row mode -----------------------------------------------------------------------------------
 
-template <typename T, Kind K>
-void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
+// The rare row whose sums are out of range, redone in double from d (g and the updated m, in T); W of
+// bfloat16 through a float copy in spare (which may hold m: d is made first). Out of line: inlined, its
+// loops made the row step 1.7x as long.
+template <typename S, typename T>
+MOGA_NOINLINE void exact_row(const S* g, const T* m, S* w, int64_t n, const Ema<T>& ema, const Config& cfg, double c,
+                             T* d, T* spare) {
+  for (int64_t i = 0; i < n; ++i) d[i] = direction_at(g, m, i, ema);
+  if constexpr (std::is_same_v<S, T>) {
+    exact_update(d, w, n, 1, 1, cfg, c);
+  } else {
+    for (int64_t i = 0; i < n; ++i) spare[i] = T(w[i]);
+    exact_update(d, spare, n, 1, 1, cfg, c);
+    for (int64_t i = 0; i < n; ++i) w[i] = S(spare[i]);
+  }
+}
+
+template <typename S, typename T, Kind K>
+void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c) {
   using V = Vectorized<T>;
   constexpr int64_t L = V::size();
   const V decay(T(cfg.decay));
@@ -271,17 +332,19 @@ void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
     for (int64_t i = 0; i < n; i += L) {
       const int64_t cnt = std::min(L, n - i);
       V d = direction(g + i, m ? m + i : nullptr, cnt, ema);
-      at::vec::fmadd(cv, sign_of(d), V::loadu(w + i, cnt) * decay).store(w + i, cnt);
+      store_as(at::vec::fmadd(cv, sign_of(d), load_as<T>(w + i, cnt) * decay), w + i, cnt);
     }
     return;
   } else {
-    T* t = scratch<T>(n);
+    T* t = scratch<T>(n, 0);
+    // a bfloat16 m is rounded where it is stored: the rare exact redo needs it as it was computed
+    T* const m_kept = std::is_same_v<S, T> || m == nullptr ? nullptr : scratch<T>(n, 1);
     const V e = V(T(cfg.p - 1));
     V s(T(0)), peak(T(0));
     for (int64_t i = 0; i < n; i += L) {
       const int64_t cnt = std::min(L, n - i);
       prefetch_for_write(w + i);  // pass B's stream, in flight beside g and m: measured 2-13% faster
-      V d = direction(g + i, m ? m + i : nullptr, cnt, ema);
+      V d = direction(g + i, m ? m + i : nullptr, cnt, ema, m_kept ? m_kept + i : nullptr);
       peak = at::vec::maximum(peak, d.abs());
       powered<T, K>(d, s, e).store(t + i, cnt);
     }
@@ -290,19 +353,21 @@ void row_step(const T* g, T* m, T* w, int64_t n, const Config& cfg, double c) {
     if (a == 0) {  // a zero row: only the decay
       for (int64_t i = 0; i < n; i += L) {
         const int64_t cnt = std::min(L, n - i);
-        (V::loadu(w + i, cnt) * decay).store(w + i, cnt);
+        store_as(load_as<T>(w + i, cnt) * decay, w + i, cnt);
       }
       return;
     }
     if (!in_range<T>(total, a, cfg.p)) {
-      redo_direction(g, m, n, ema, t);
-      exact_update(t, w, n, 1, 1, cfg, c);
+      const T* m_new;
+      if constexpr (std::is_same_v<S, T>) m_new = m;
+      else m_new = m_kept;
+      exact_row(g, m_new, w, n, ema, cfg, c, t, scratch<T>(n, 1));
       return;
     }
     const V f(T(factor(total, cfg.p, c, K)));
     for (int64_t i = 0; i < n; i += L) {
       const int64_t cnt = std::min(L, n - i);
-      at::vec::fmadd(f, V::loadu(t + i, cnt), V::loadu(w + i, cnt) * decay).store(w + i, cnt);
+      store_as(at::vec::fmadd(f, V::loadu(t + i, cnt), load_as<T>(w + i, cnt) * decay), w + i, cnt);
     }
   }
 }
@@ -335,18 +400,14 @@ void col_sums(const S* g, S* m, int64_t B, int64_t R, int64_t N, const Config& c
       T* top = tops.data() + item * width;
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t off = (b * R + k) * N;
-        RowIn<S, T> gr(g + off, N, 0);
-        RowIn<S, T> mr(m ? m + off : g + off, N, 1);
-        T* mk = m ? mr.mutable_ptr() : nullptr;
         for (int64_t j = 0; j < N; j += L) {
           const int64_t cnt = std::min(L, N - j);
-          V d = direction(gr.ptr + j, mk ? mk + j : nullptr, cnt, ema);
+          V d = direction(g + off + j, m ? m + off + j : nullptr, cnt, ema);
           at::vec::maximum(V::loadu(top + j), d.abs()).store(top + j);
           V sv = V::loadu(s + j);
           powered<T, K>(d, sv, e);
           sv.store(s + j);
         }
-        if (m) store_row<S, T>(mk, m + off, N);
       }
     }
   });
@@ -376,7 +437,6 @@ void col_update(const S* g, const S* m, S* w, int64_t B, int64_t R, int64_t N, c
   const int64_t chunks = (R + kChunkRows - 1) / kChunkRows;
   const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
   const Ema<T> ema(cfg);
-  const bool needs_g = m == nullptr || cfg.nesterov;
   at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
@@ -385,16 +445,11 @@ void col_update(const S* g, const S* m, S* w, int64_t B, int64_t R, int64_t N, c
       V unused(T(0));
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t off = (b * R + k) * N;
-        RowIn<S, T> gr(g + off, needs_g ? N : 0, 0);  // neither converted nor read when not needed
-        RowIn<S, T> mr(m ? m + off : g + off, N, 1);
-        RowIn<S, T> wr(w + off, N, 2);
-        T* wk = wr.mutable_ptr();
         for (int64_t j = 0; j < N; j += L) {
           const int64_t cnt = std::min(L, N - j);
-          V t = powered<T, K>(direction_peek(gr.ptr + j, m ? mr.ptr + j : nullptr, cnt, ema), unused, e);
-          at::vec::fmadd(V::loadu(fb + j, cnt), t, V::loadu(wk + j, cnt) * decay).store(wk + j, cnt);
+          V t = powered<T, K>(direction_peek(g + off + j, m ? m + off + j : nullptr, cnt, ema), unused, e);
+          store_as(at::vec::fmadd(V::loadu(fb + j, cnt), t, load_as<T>(w + off + j, cnt) * decay), w + off + j, cnt);
         }
-        store_row<S, T>(wk, w + off, N);
       }
     }
   });
@@ -443,7 +498,7 @@ void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, co
       for (int64_t j = 0; j < N; ++j) col_exact<S, T>(g, m, w, b, j, R, N, cfg, c);
 }
 
-// Storage S, math in T: float and double work in place; bfloat16 goes through float copies.
+// Storage S, math in T (float for bfloat16, converted a vector at a time: load_as, store_as).
 template <typename S, typename T, Kind K>
 void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& buf, int64_t B, int64_t R, int64_t N,
                  const Config& cfg, double c) {
@@ -454,12 +509,7 @@ void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tens
     at::parallel_for(0, B, row_grain(R), [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b < hi; ++b) {
         const int64_t off = b * R;
-        RowIn<S, T> gr(g + off, R, 0);
-        RowIn<S, T> mr(m ? m + off : g + off, m ? R : 0, 1);
-        RowIn<S, T> wr(w + off, R, 2);
-        row_step<T, K>(gr.ptr, m ? mr.mutable_ptr() : nullptr, wr.mutable_ptr(), R, cfg, c);
-        store_row<S, T>(wr.ptr, w + off, R);
-        if (m) store_row<S, T>(mr.ptr, m + off, R);
+        row_step<S, T, K>(g + off, m ? m + off : nullptr, w + off, R, cfg, c);
       }
     });
     return;
@@ -578,17 +628,13 @@ void row_sums(const S* g, S* m, int64_t B, int64_t R, const Config& cfg, T* sums
   at::parallel_for(0, B, row_grain(R), [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t off = b * R;
-      RowIn<S, T> gr(g + off, R, 0);
-      RowIn<S, T> mr(m ? m + off : g + off, m ? R : 0, 1);
-      T* mk = m ? mr.mutable_ptr() : nullptr;
       Vectorized<T> s(T(0)), peak(T(0));
       for (int64_t i = 0; i < R; i += L) {
         const int64_t cnt = std::min(L, R - i);
-        V d = direction(gr.ptr + i, mk ? mk + i : nullptr, cnt, ema);  // lanes past cnt are 0
+        V d = direction(g + off + i, m ? m + off + i : nullptr, cnt, ema);  // lanes past cnt are 0
         peak = at::vec::maximum(peak, d.abs());
         powered<T, K>(d, s, e);
       }
-      if (m) store_row<S, T>(mk, m + off, R);
       sums[b] = horizontal_sum(s);
       tops[b] = horizontal_max(peak);
     }
@@ -601,23 +647,17 @@ void row_update(const S* g, const S* m, S* w, int64_t B, int64_t R, const Config
   constexpr int64_t L = V::size();
   const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
   const Ema<T> ema(cfg);
-  const bool needs_g = m == nullptr || cfg.nesterov;
   at::parallel_for(0, B, row_grain(R), [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       if (skip[b]) continue;
       const int64_t off = b * R;
-      RowIn<S, T> gr(g + off, needs_g ? R : 0, 0);
-      RowIn<S, T> mr(m ? m + off : g + off, m ? R : 0, 1);
-      RowIn<S, T> wr(w + off, R, 2);
-      T* wk = wr.mutable_ptr();
       const V fv(f[b]);
       V unused(T(0));
       for (int64_t i = 0; i < R; i += L) {
         const int64_t cnt = std::min(L, R - i);
-        V t = powered<T, K>(direction_peek(gr.ptr + i, m ? mr.ptr + i : nullptr, cnt, ema), unused, e);
-        at::vec::fmadd(fv, t, V::loadu(wk + i, cnt) * decay).store(wk + i, cnt);
+        V t = powered<T, K>(direction_peek(g + off + i, m ? m + off + i : nullptr, cnt, ema), unused, e);
+        store_as(at::vec::fmadd(fv, t, load_as<T>(w + off + i, cnt) * decay), w + off + i, cnt);
       }
-      store_row<S, T>(wk, w + off, R);
     }
   });
 }
