@@ -117,6 +117,30 @@ def test_named_branches_are_measured_where_no_add_is_found():
     torch.testing.assert_close(net(x), unscaled)
 
 
+class PostActivationBlock(nn.Module):
+    """relu(x + W x), a post-activation ResNet block in one line: the ReLU after the add bends the contribution."""
+
+    def __init__(self, width, gain):
+        super().__init__()
+        self.fc = nn.Linear(width, width, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(-gain * torch.eye(width))
+
+    def forward(self, x):
+        return torch.relu(x + self.fc(x))
+
+
+def test_a_nonlinearity_after_the_add_is_not_mistaken_for_a_misplaced_scale():
+    """On a positive input the block's contribution is -min(alpha * 3, 1) x: the full branch is clipped at -x,
+    a scaled one is not, so the measured ratio is 3, not 1. A CIFAR ResNet-66 block at seed 2 measured 2.04
+    at alpha 2^-2, and the old tolerance (a factor 2 at any probe alpha) refused a model scaled right."""
+    net, x = nn.Sequential(PostActivationBlock(8, gain=3.0)), torch.rand(4, 8) + 0.5
+    handle = scale_residual_branches(net, depth=8, example_input=x)  # alpha = 2/8, probed at 2^-4
+    assert handle.alpha == 0.25 and handle.probe_alpha == 2 ** -4
+    assert handle.measured["0"] == pytest.approx(3.0)
+    torch.testing.assert_close(net(x), torch.relu(x - 0.75 * x))
+
+
 def test_a_failed_call_leaves_earlier_scales_and_modes_as_they_were():
     net, x = PlainNet(), torch.randn(3, 8)
     scale_residual_branches(net, 0.25)

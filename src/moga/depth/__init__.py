@@ -43,14 +43,17 @@ the model, or ``example_input=``), in the model's eval mode and without gradient
 
 1. an unscaled forward, recorded: each block's input and output;
 2. the same block inputs with every branch scaled by a probe alpha (the given alpha when it lies in
-   [2^-8, 2^-2], else 2^-4: near 1 a misplaced scale cannot be told from a right one; 2^-2 for models
+   [2^-8, 2^-4], else 2^-4: near 1 a misplaced scale cannot be told from a right one; 2^-2 for models
    with 16-bit floating parameters, whose rounding hides smaller branches), recorded: every
    residual add must take its branch through linear ops from a scaled output (so a norm after the scaled
    module, as Gemma2's post-norms, is an error), and no scale may sit on the residual stream itself (as
    Bloom's ``self_attention``, which adds the residual inside);
 3. the same inputs with the branches scaled by 0. Each block's contribution, its output at alpha minus
-   its output at 0, must be alpha times the unscaled one, within a factor of ``TOLERANCE`` in norm
-   (not exactly alpha: a later branch of a block sees an input the earlier ones changed).
+   its output at 0, must be alpha times the unscaled one, within a factor of ``1/sqrt(alpha)`` in norm:
+   halfway, in log scale, between a right scale (ratio 1) and one that does nothing (ratio 1/alpha, a
+   norm after it) or acts twice (ratio alpha). Not exactly alpha: a later branch of a block sees an input
+   the earlier ones changed, and a nonlinearity after the add (a post-activation ResNet's ReLU) bends the
+   contribution: a CIFAR ResNet-66 block measured 2.04 at 2^-2, which the old factor 2 refused.
 
 Any failure raises, naming the block and what was measured, and leaves the model as it was. The ratios
 are in ``ResidualScaling.measured``. On the meta device (shapes, no values) only step 2 runs.
@@ -73,8 +76,7 @@ from moga.depth.trace import Trace, branch_sources, residual_adds, spine
 
 MODES = ("inverse_depth", "none")
 SCALE_NAME = "residual_scale"
-TOLERANCE = 2.0  # a block's measured contribution ratio may differ from alpha by this factor
-PROBE_RANGE = (2.0 ** -8, 2.0 ** -2)  # alphas the probe uses as given; others are probed at PROBE_ALPHA
+PROBE_RANGE = (2.0 ** -8, 2.0 ** -4)  # alphas the probe uses as given; others are probed at PROBE_ALPHA
 PROBE_ALPHA = 2.0 ** -4
 # In bfloat16/float16 a branch scaled by 2^-4 drowns in the rounding of the stream (measured: Bloom's
 # ratio 0.69, DeBERTa's 0.63 at 2^-4; 0.99 and 0.95 at 2^-2).
@@ -392,13 +394,19 @@ def _verify(model, args, kwargs, blocks: dict[str, list[str]], scaled: list[str]
                              "cannot check its scaling; pass example_input= where it does, or verify=False")
         ratio = float((ya[block] - y0).double().norm()) / full / alpha
         measured[block] = ratio
-        if not 1 / TOLERANCE <= ratio <= TOLERANCE:
+        if not 1 / tolerance(alpha) <= ratio <= tolerance(alpha):
             raise ValueError(
                 f"block {block}: with branches {blocks[block]} scaled by alpha = {alpha:g}, its contribution "
                 f"(output minus its output with the branches at 0) is {ratio * alpha:.4g} times the unscaled one, "
-                f"not about alpha (allowed: a factor {TOLERANCE:g}). The scaled modules do not end where the block "
-                "adds its branches to the residual stream")
+                f"not about alpha (allowed: a factor {tolerance(alpha):g}). The scaled modules do not end where the "
+                "block adds its branches to the residual stream")
     return measured
+
+
+def tolerance(probe_alpha: float) -> float:
+    """The factor a block's contribution ratio may differ from 1: the geometric midpoint between a right
+    scale (1) and a scale that does nothing (1/alpha) or acts twice (alpha)."""
+    return probe_alpha ** -0.5
 
 
 def _probe_alpha(model: nn.Module, alpha: float) -> float:
