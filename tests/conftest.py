@@ -1,9 +1,20 @@
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 from moga.data.paths import dataset_candidates
+
+# Inductor's on-disk cache (torch 2.13) is keyed without ATEN_CPU_CAPABILITY: a step compiled under one vector
+# ISA and reused under another gave wrong numbers here (momentum off by 0.6 after a default run, then one with
+# ATEN_CPU_CAPABILITY=avx2). Each session compiles into its own cache, unless one is named.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="moga-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 # Texts for tests whose assertions hold for any text: tiny Shakespeare where moga finds it, else this stand-in.
 STAND_IN_TEXT = "".join(f"To be, or not to be, line {i}: that is the question.\n" for i in range(600))
