@@ -9,7 +9,7 @@ import pytest
 
 from moga.experiments.reproduce.catalog import Reproduction, get, merge
 from moga.experiments.reproduce.quality import _tuned_verdict, claim_outcome, relative_interval, verdict
-from moga.experiments.reproduce.run import judge_panels, recheck, reproduce
+from moga.experiments.reproduce.run import judge_panels, recheck, rejudge, reproduce
 from moga.experiments.reproduce.table import END, START, load_outcomes, results_table, update_readme
 from moga.sweep.report import analyze
 
@@ -161,8 +161,11 @@ def test_the_stored_cpu_outcomes_recheck_from_their_own_cells():
             assert outcome["outcome"] == claim_outcome(outcome["cells"]), path.name
             checked += 1
             continue
-        assert [(v["panel"], v["verdict"], v["line"]) for v in recheck(outcome)] == \
+        again = rejudge(outcome, get(outcome["name"]).expect)  # the claim's outcome and key number too
+        assert [(p["panel"], p["verdict"], p["line"]) for p in again["panels"]] == \
             [(p["panel"], p["verdict"], p["line"]) for p in outcome["panels"]], path.name
+        assert [again[k] for k in ("outcome", "key", "details", "unclaimed")] == \
+            [outcome[k] for k in ("outcome", "key", "details", "unclaimed")], path.name
         seeds = {}
         for c in outcome["cells"]:
             seeds.setdefault((tuple(str(c[k]) for k in outcome["analysis"]["group_keys"]), c["scale"], c["lr"]),

@@ -183,19 +183,23 @@ def _transfer(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     write_report(rows, out / "report", scale_key=scale_key, title=f"{rep.name}: {rep.claim}",
                  group_keys=rep.group_keys, formats=("png",), max_regret=max_regret)
     summary = json.loads((out / "report" / "summary.json").read_text())
-    panels = summary["metrics"].get("train_loss", [])
-    verdicts = [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"]}
-                for p in panels]
-    outcome, lines = judge_panels(rep.expect, verdicts)
-    others = [f"{v['title']}: {v['line']}" for v in verdicts
-              if not any(all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in rep.expect)]
-    return {"outcome": outcome, "key": key_number(rep.expect, panels), "details": lines, "unclaimed": others,
+    return {**verdict_fields(rep.expect, summary["metrics"].get("train_loss", [])),
             "report": str(out / "report" / "report.md"),
             "analysis": {"scale_key": scale_key, "group_keys": rep.group_keys, "metric": "train_loss",
                          "max_regret": max_regret},
-            "panels": [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"],
-                        "decision": p.get("decision")} for p in panels],
             "cells": stored_cells(rows, scale_key, rep.group_keys)}
+
+
+def verdict_fields(expect: list[dict], panels: list[dict]) -> dict:
+    """An outcome's verdict fields (outcome, key, details, unclaimed, panels) from its panels' summaries."""
+    verdicts = [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"]}
+                for p in panels]
+    outcome, lines = judge_panels(expect, verdicts)
+    others = [f"{v['title']}: {v['line']}" for v in verdicts
+              if not any(all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in expect)]
+    return {"outcome": outcome, "key": key_number(expect, panels), "details": lines, "unclaimed": others,
+            "panels": [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"],
+                        "decision": p.get("decision")} for p in panels]}
 
 
 CELL_KEYS = ("scale", "lr", "seed", "status", "train_loss", "val_loss")
@@ -218,6 +222,15 @@ def recheck(outcome: dict) -> list[dict]:
     panels = analyze(outcome["cells"], scale_key=a["scale_key"], metric=a["metric"], group_keys=a["group_keys"],
                      max_regret=a["max_regret"])
     return [{"panel": p.panel, "verdict": p.verdict, "line": p.verdict_line} for p in panels]
+
+
+def rejudge(outcome: dict, expect: list[dict]) -> dict:
+    """A stored outcome with its verdict fields recomputed from its own cells: after a change to the statistics,
+    the verdicts move without re-running a cell."""
+    a = outcome["analysis"]
+    panels = analyze(outcome["cells"], scale_key=a["scale_key"], metric=a["metric"], group_keys=a["group_keys"],
+                     max_regret=a["max_regret"])
+    return {**outcome, **verdict_fields(expect, [p.to_dict() for p in panels])}
 
 
 def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
