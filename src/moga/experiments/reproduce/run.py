@@ -252,7 +252,8 @@ def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     (out / "report" / "joint.json").write_text(json.dumps(
         [{**j.to_dict(), "tuning_flops_saved": s} for j, s in zip(joint, saved)], indent=1) + "\n")
     return {"outcome": outcome, "key": key, "details": lines, "figures": figures,
-            "report": str(out / "report" / "report.md")}
+            "report": str(out / "report" / "report.md"),
+            "cells": stored_cells(rows, keys[0], [*rep.group_keys, keys[1]])}  # the other scale key as a group
 
 
 def _tuning_saved(sweep, j) -> float:
