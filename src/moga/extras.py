@@ -21,7 +21,7 @@ def cli_extra():
     try:
         yield
     except ModuleNotFoundError as e:
-        if (e.name or "").partition(".")[0] not in CLI_MODULES:
+        if not _of_cli_extra(e):
             raise
         sys.exit(f"{CLI_HINT} ({e.name} is not installed)")
 
@@ -33,7 +33,11 @@ def needs_cli_extra(what: str):
     try:
         yield
     except ModuleNotFoundError as e:
-        if (e.name or "").partition(".")[0] not in CLI_MODULES:
+        if not _of_cli_extra(e):
             raise
         raise ModuleNotFoundError(f"{what} needs the cli extra: pip install 'moga[cli]' ({e.name} is not installed)",
                                   name=e.name) from e
+
+
+def _of_cli_extra(error: ModuleNotFoundError) -> bool:
+    return (error.name or "").partition(".")[0] in CLI_MODULES

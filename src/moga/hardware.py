@@ -27,6 +27,7 @@ class Hardware:
 
 
 NAMES = tuple(f.name for f in fields(Hardware))
+_assumed: list[dict[str, bool]] = []  # the stack of assume() blocks, innermost last
 
 
 def traced_as_constant(fn):
@@ -34,7 +35,6 @@ def traced_as_constant(fn):
     cost of ``import moga`` (about 1 s): it only marks the function (a test keeps the two equal)."""
     fn._dynamo_marked_constant = True
     return fn
-_assumed: list[dict[str, bool]] = []  # the stack of assume() blocks, innermost last
 
 
 @traced_as_constant  # static within a compiled step

@@ -384,7 +384,7 @@ def _verify(model, args, kwargs, blocks: dict[str, list[str]], scaled: list[str]
     finally:
         for s in scales:
             s.alpha = alpha
-    measured = {}
+    measured, allowed = {}, tolerance(alpha)
     for block in blocks:
         y0 = zero.outputs[block]
         full = float((y1[block] - y0).double().norm())
@@ -394,11 +394,11 @@ def _verify(model, args, kwargs, blocks: dict[str, list[str]], scaled: list[str]
                              "cannot check its scaling; pass example_input= where it does, or verify=False")
         ratio = float((ya[block] - y0).double().norm()) / full / alpha
         measured[block] = ratio
-        if not 1 / tolerance(alpha) <= ratio <= tolerance(alpha):
+        if not 1 / allowed <= ratio <= allowed:
             raise ValueError(
                 f"block {block}: with branches {blocks[block]} scaled by alpha = {alpha:g}, its contribution "
                 f"(output minus its output with the branches at 0) is {ratio * alpha:.4g} times the unscaled one, "
-                f"not about alpha (allowed: a factor {tolerance(alpha):g}). The scaled modules do not end where the "
+                f"not about alpha (allowed: a factor {allowed:g}). The scaled modules do not end where the "
                 "block adds its branches to the residual stream")
     return measured
 

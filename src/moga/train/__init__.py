@@ -14,7 +14,7 @@ with needs_cli_extra("moga.train"):  # yaml, pydantic: `python -m moga.train` sa
     from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from .config import ConfigError, RunConfig, apply_overrides, build_config, config_diff, config_hash, load_config
     from .engine import DIVERGED, FINISHED, STOPPED, Trainer, read_result, run
-    from .lr_range import lr_range_test  # noqa: E402
+    from .lr_range import lr_range_test
     from .metrics import read_metrics
     from .schedule import Schedule, build_schedule
 

@@ -36,10 +36,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from moga.data.images import locate_image_data
 from scipy import stats
 
+from moga.data.images import locate_image_data
 from moga.experiments.smoothness.plots import plot_curves
 from moga.experiments.smoothness.report import fmt, held, spearman, table, write_outputs
 from moga.smoothness import BlockGeometry, smoothness
@@ -193,16 +192,16 @@ def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[
                                            "optim": {"name": "adaptive-gd", "lr": s["alpha"]}}, seed), out, log)]
                             + [_run(_seeded({**base, "name": f"ff-{data}-constant-{lr:.3g}",
                                              "optim": {"name": "sgd", "lr": lr}}, seed), out, log) for lr in rates])
-        gain = paired_gain([_loss(rs[0]) for rs in per_seed],
-                           {lr: [_loss(rs[1 + i]) for rs in per_seed] for i, lr in enumerate(rates)})
+        adaptive_losses = [_loss(rs[0]) for rs in per_seed]
+        constant_losses = {lr: [_loss(rs[1 + i]) for rs in per_seed] for i, lr in enumerate(rates)}
+        gain = paired_gain(adaptive_losses, constant_losses)
         runs = per_seed[0]
         adaptive = runs[0]
-        best_i = rates.index(gain["best_constant_lr"])
         result["adaptive_vs_constant"].append({
             "data": data, "epochs": epochs, "constant_rates": rates, "runs": [r for rs in per_seed for r in rs],
-            "adaptive_final_loss": float(np.mean([_loss(rs[0]) for rs in per_seed])),
+            "adaptive_final_loss": float(np.mean(adaptive_losses)),
             "best_constant_lr": gain["best_constant_lr"],
-            "best_constant_final_loss": float(np.mean([_loss(rs[1 + best_i]) for rs in per_seed])),
+            "best_constant_final_loss": float(np.mean(constant_losses[gain["best_constant_lr"]])),
             "held": gain["difference"] > 0, "gain": gain, "verdict": gain["verdict"]})
         panels.append({"title": f"feedforward L={s['depth']}, width {s['width']}, {data}", "ylabel": "training loss",
                        "logy": True, "curves": [_curve(r, "adaptive" if r is adaptive else f"lr {r['optim']['lr']:.3g}")
