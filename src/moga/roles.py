@@ -38,6 +38,7 @@ or in call order when ``example_inputs`` are given; a tied tensor counts at its 
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -124,6 +125,14 @@ class RolePlan:
         self.entries = entries
         self.lr_multipliers = dict(lr_multipliers or {})
         self.lr_reason = lr_reason
+        self.optimizer_multipliers: dict[str, float] | None = None  # {role: multiplier} an optimizer applied
+        self.preset: str | None = None  # the optimizer's preset, when it has one
+
+    def with_multipliers(self, multipliers: Mapping[str, float], preset: str | None = None) -> RolePlan:
+        """A copy that prints each parameter's lr multiplier (an optimizer's, role by role) and its preset."""
+        plan = copy.copy(self)
+        plan.optimizer_multipliers, plan.preset = dict(multipliers), preset
+        return plan
 
     def __iter__(self):
         return iter(self.entries)
@@ -166,12 +175,14 @@ class RolePlan:
         ]
 
     def __str__(self) -> str:
-        header = ("parameter", "shape", "role", "m x n", "geometry", "update")
+        lrs = self.optimizer_multipliers
+        header = ("parameter", "shape", "role", "m x n", "geometry", "update") + (("lr x",) if lrs is not None else ())
         body = []
         for e in self.entries:
             name = e.name + (f" (= {', '.join(e.aliases)})" if e.aliases else "")
             mn = "x".join(map(str, e.matrix_shape)) if e.matrix_shape else "-"
-            body.append((name, "x".join(map(str, e.shape)) or "scalar", e.role, mn, e.geometry, e.update))
+            lr = () if lrs is None else (f"{lrs.get(e.role, 1.0):g}",)
+            body.append((name, "x".join(map(str, e.shape)) or "scalar", e.role, mn, e.geometry, e.update, *lr))
         widths = [max(len(r[k]) for r in [header, *body]) for k in range(len(header))]
         line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
         counts = {}
@@ -183,6 +194,10 @@ class RolePlan:
         if self.lr_multipliers:
             scaled = ", ".join(f"{role} x{m:g}" for role, m in self.lr_multipliers.items())
             notes.append(f"note: learning rate {scaled}: {self.lr_reason}")
+        if lrs is not None:
+            preset = f"MOGA's preset {self.preset!r}, " if self.preset is not None else ""
+            notes.append(f"lr x: each parameter steps at lr times its role's multiplier ({preset}lr_multipliers= "
+                         "override it role by role)")
         return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, body),
                           f"{len(self.entries)} tensors, {total:,} parameters ({summary})", *notes])
 

@@ -13,7 +13,7 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
 
 from moga.models.gpt import GPT, GPTConfig
 from moga.optim import MOGA, Muon, ScaledAdamW
-from moga.optim.multipliers import base_lr
+from moga.optim.multipliers import PRESETS, base_lr
 
 from .tinynet import TINY_OVERRIDES, TinyNet, tiny_loss
 
@@ -171,3 +171,119 @@ def test_a_refused_multiplier_leaves_a_model_untouched():
     with pytest.raises(ValueError):
         MOGA(model, lr=LR, lr_multipliers={"bogus": 1.0}, overrides=TINY_OVERRIDES)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# --- MOGA's presets: named sets of default multipliers ---------------------------------------------------------
+
+def tiny_gpt(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16))
+
+
+def run_gpt(model, opt, steps):
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(step)
+        x = torch.randint(0, 16, (4, 8), generator=gen)
+        opt.zero_grad()
+        _, loss = model(x, x)
+        loss.backward()
+        opt.step()
+
+
+@pytest.fixture
+def scaled_default(monkeypatch):
+    """A default preset with multipliers, as the default may become: embedding and a role the GPT lacks."""
+    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.25, "conv": 3.0})
+    return PRESETS["default"]
+
+
+def test_the_preset_reaches_the_param_groups_and_the_printed_plan(scaled_default):
+    opt = MOGA(tiny_gpt(), lr=LR)
+    assert opt.preset == "default" and {g["preset"] for g in opt.param_groups} == {"default"}
+    lrs = {g["role"]: (g["lr"], g["lr_multiplier"]) for g in opt.param_groups}
+    assert lrs == {"embedding": (LR * 0.25, 0.25), "vector": (LR, 1.0), "hidden": (LR, 1.0), "readout": (LR, 1.0)}
+    table = str(opt.plan).splitlines()
+    assert table[0].split()[-2:] == ["lr", "x"]
+    assert table[2].split()[0] == "wte.weight" and table[2].split()[-1] == "0.25"
+    assert next(line for line in table if line.startswith("lm_head.weight")).split()[-1] == "1"
+    assert "MOGA's preset 'default'" in table[-1]
+    paper = MOGA(tiny_gpt(), lr=LR, preset="paper")
+    assert {g["preset"] for g in paper.param_groups} == {"paper"}
+    assert all("lr_multiplier" not in g and g["lr"] == LR for g in paper.param_groups)
+
+
+def test_paper_and_default_step_alike_bit_for_bit():
+    """Today the default is the paper's choice: five steps on a GPT with tables land on the same bits."""
+    a, b = tiny_gpt(), tiny_gpt()
+    run_gpt(a, MOGA(a, lr=LR, preset="paper"), 5)
+    run_gpt(b, MOGA(b, lr=LR, preset="default"), 5)
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_the_default_preset_is_the_paper_with_its_multipliers_applied():
+    """Whatever the default's multipliers are, the default is the paper's step with them passed by hand."""
+    a, b = tiny_gpt(), tiny_gpt()
+    run_gpt(a, MOGA(a, lr=LR), 3)
+    run_gpt(b, MOGA(b, lr=LR, preset="paper", lr_multipliers=dict(PRESETS["default"]) or None), 3)
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_a_user_multiplier_overrides_the_presets_role_by_role(scaled_default):
+    """The user's embedding multiplier wins over the preset's; the preset's conv multiplier, a role the GPT lacks,
+    is skipped (the user's would be an error); the user's readout one adds to the preset."""
+    opt = MOGA(tiny_gpt(), lr=LR, lr_multipliers={"embedding": 2.0, "readout": 0.5})
+    assert {g["role"]: g["lr_multiplier"] for g in opt.param_groups} == \
+        {"embedding": 2.0, "vector": 1.0, "hidden": 1.0, "readout": 0.5}
+    with pytest.raises(ValueError, match="role.s. conv, which no parameter of this model has"):
+        MOGA(tiny_gpt(), lr=LR, lr_multipliers={"conv": 2.0})
+    tiny_opt = MOGA(tiny(), lr=LR, overrides=TINY_OVERRIDES)  # TinyNet has a conv: the preset's 3 applies
+    assert {g["role"]: g["lr_multiplier"] for g in tiny_opt.param_groups}["conv"] == 3.0
+
+
+def test_torch_style_param_groups_take_no_preset_multipliers(scaled_default):
+    """Param groups have no roles: the preset cannot apply; it is no error, and each group keeps its lr."""
+    model = tiny_gpt()
+    opt = MOGA([{"params": [model.wte.weight], "geometry": "embedding(q=2)", "layout": "io"}], lr=LR)
+    assert opt.param_groups[0]["lr"] == LR and "lr_multiplier" not in opt.param_groups[0] and opt.plan is None
+
+
+@pytest.mark.parametrize("bad", ["Paper", "papers", "", None, 1])
+def test_a_bad_preset_is_a_clear_error_naming_the_presets(bad):
+    model = tiny_gpt()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="preset must be one of 'default', 'paper'"):
+        MOGA(model, lr=LR, preset=bad)
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_state_dict_round_trip_keeps_the_presets_group_lrs(scaled_default):
+    """Saved under a scaled default and loaded into a paper-preset optimizer: the groups' lrs, multipliers and
+    preset come back with the state (as for lr_multipliers), and the next steps match the uninterrupted run."""
+    model = tiny_gpt()
+    opt = MOGA(model, lr=LR)
+    sched = CosineAnnealingLR(opt, T_max=6, eta_min=1e-4)
+    for _ in range(2):
+        run_gpt(model, opt, 1)
+        sched.step()
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    resumed = tiny_gpt(seed=1)
+    resumed.load_state_dict(saved["model"])
+    opt2 = MOGA(resumed, lr=LR, preset="paper")
+    sched2 = CosineAnnealingLR(opt2, T_max=6, eta_min=1e-4)
+    opt2.load_state_dict(saved["opt"])
+    sched2.load_state_dict(saved["sched"])
+    assert [(g["lr"], g["initial_lr"], g["lr_multiplier"], g["preset"]) for g in opt2.param_groups] == \
+        [(g["lr"], g["initial_lr"], g["lr_multiplier"], g["preset"]) for g in opt.param_groups]
+    assert "0.25" in str(opt2.plan).splitlines()[2]  # the printed plan follows the loaded groups
+    for _ in range(2):
+        run_gpt(model, opt, 1)
+        sched.step()
+        run_gpt(resumed, opt2, 1)
+        sched2.step()
+    for (n, p), q in zip(model.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), n

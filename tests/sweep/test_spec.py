@@ -103,6 +103,13 @@ def test_a_role_lr_multiplier_is_a_sweep_axis():
         sweep(axes={"optim.lr": [0.1], "model.depth": [2], "optim.lr_multipliers.head": [0.5]})
 
 
+def test_the_preset_is_a_sweep_axis():
+    s = sweep(axes={"optim.lr": [0.1], "model.depth": [2], "optim.preset": ["paper", "default"]})
+    assert [s.config(c).optim.preset for c in s.cells] == ["paper", "default"]
+    with pytest.raises(SweepError, match="optim.preset: Input should be 'default' or 'paper'"):
+        sweep(axes={"optim.lr": [0.1], "model.depth": [2], "optim.preset": ["papers"]})
+
+
 def test_a_grid_too_large_to_run_is_refused_with_its_size_at_once():
     """A 10^6-cell grid spent minutes checking cells before saying anything; now a grid over MAX_CELLS is
     refused with its size before any cell is checked (kept just over the limit, so main fails in seconds)."""

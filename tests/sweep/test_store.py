@@ -108,3 +108,43 @@ def test_a_stale_claim_is_judged_on_the_observers_clock_not_the_owners():
         assert retaken["id"] == first
         assert [e["event"] for e in observer.events() if e["owner"] == "here:2:bbbb"] == ["retake", "retake"]
         assert not ahead.heartbeat(first, remote)  # the old owner learns that it lost the cell
+
+
+def moga_sweep(axes=None, **optim):
+    base = {**BASE, "optim": {"name": "moga", "lr": 0.05, **optim}}
+    return Sweep.from_dict({"base": base, "axes": {"optim.lr": [0.05], "model.depth": [1], **(axes or {})},
+                            "scale_key": "model.depth"})
+
+
+def test_a_preset_is_compared_by_what_it_runs(tmp_path, monkeypatch):
+    """Pinning optim.preset: paper on a sweep stored while the default was the paper's extends it (a reproduction
+    pinned after its store was made). Once the default changes, a store that ran the old default is refused, and
+    pinning paper, what its cells ran, extends it again."""
+    from moga.optim.multipliers import PRESETS
+    from moga.sweep.spec import SweepError
+
+    store = SweepStore(tmp_path / "sweep")
+    store.create_or_check(moga_sweep())
+    assert store.create_or_check(moga_sweep(preset="paper")) == {"added": 0, "dropped": 0}
+    assert "moga_default_preset" not in store.definition()  # the default is the paper's: nothing to record
+    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.0625})  # the default changes
+    with pytest.raises(SweepError, match=r"optim.preset \(MOGA's lr multipliers none -> {'embedding': 0.0625}\)"):
+        SweepStore(tmp_path / "sweep").create_or_check(moga_sweep(preset="default"))
+    store = SweepStore(tmp_path / "sweep")
+    assert store.create_or_check(moga_sweep(preset="paper")) == {"added": 0, "dropped": 0}
+    assert store.definition()["moga_default_preset"] == {"embedding": 0.0625}
+
+
+def test_a_preset_axis_on_the_default_is_refused_once_the_default_changed(tmp_path, monkeypatch):
+    from moga.optim.multipliers import PRESETS
+    from moga.sweep.spec import SweepError
+
+    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.0625})
+    store = SweepStore(tmp_path / "sweep")
+    store.create_or_check(moga_sweep({"optim.preset": ["paper", "default"]}, preset="paper"))
+    assert store.create_or_check(moga_sweep({"optim.preset": ["paper", "default"]}, preset="paper")) == \
+        {"added": 0, "dropped": 0}
+    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.125})
+    with pytest.raises(SweepError, match="default preset changed since it was stored .* axis runs 'default'"):
+        store.create_or_check(moga_sweep({"optim.preset": ["paper", "default"]}, preset="paper"))
+    assert store.create_or_check(moga_sweep({"optim.preset": ["paper"]}, preset="paper"))["dropped"] == 1

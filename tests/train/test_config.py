@@ -279,6 +279,31 @@ def test_lr_multipliers_reach_the_optimizer_and_leave_old_hashes_alone():
         build_config(tiny(optim={"name": "adamw", "lr_multipliers": {"readout": 2}}))
 
 
+def test_a_preset_reaches_the_optimizer_and_hashes_by_what_it_runs(monkeypatch):
+    """optim.preset builds (every optimizer accepts it: a reproduction pins it for all it sweeps), reaches MOGA's
+    groups, and a bad name is a config error listing the presets. The hash follows the multipliers, not the
+    name: paper and default hash alike while they are the same, and apart once the default has its own."""
+    from moga.optim.multipliers import PRESETS
+    from moga.train.build import build_model, build_optimizer
+
+    cfg = build_config(tiny(optim={"preset": "paper"}))
+    opt = build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    assert opt.preset == "paper" and {g["preset"] for g in opt.param_groups} == {"paper"}
+    assert build_optimizer(*(lambda c: (c, build_model(c, {"in_features": 4, "out_features": 3})))(
+        build_config(tiny()))).preset == "default"
+    for name in ("adamw", "muon"):
+        build_config(tiny(optim={"name": name, "preset": "paper"}))
+    with pytest.raises(ConfigError, match="optim.preset: Input should be 'default' or 'paper'"):
+        build_config(tiny(optim={"preset": "papers"}))
+    unset, paper, default = (build_config(tiny(optim=o)).hash() for o in ({}, {"preset": "paper"}, {"preset": "default"}))
+    assert unset == paper == default
+    monkeypatch.setitem(PRESETS, "default", {"input": 0.5})
+    assert build_config(tiny()).hash() == build_config(tiny(optim={"preset": "default"})).hash() != \
+        build_config(tiny(optim={"preset": "paper"})).hash() == paper
+    adamw = {"name": "adamw", "lr": 1e-3}  # an optimizer without presets: no change
+    assert build_config(tiny(optim=adamw)).hash() == build_config(tiny(optim={**adamw, "preset": "paper"})).hash()
+
+
 def test_a_run_with_lr_multipliers_logs_the_base_lr(tmp_path):
     """The logged lr is the schedule's base rate, not the first group's multiplied one."""
     from moga.train import read_metrics, run

@@ -25,7 +25,7 @@ from moga.kernels import check_kernel, covers, fused_available
 from moga.optim import fused, nonfinite, precision, sharded
 from moga.optim.functional import adam_steps_, lmo_steps_
 from moga.optim.groups import GroupPlan, check_state_matches, name_of, plan_group
-from moga.optim.multipliers import apply_multipliers, check_multipliers
+from moga.optim.multipliers import apply_multipliers
 from moga.optim.nonfinite import POLICIES as NONFINITE_POLICIES
 from moga.optim.options import SHARED_DEFAULTS, check_hyperparameters, warn_if_decay_diverges
 from moga.optim.sharded import WholeJob, local
@@ -43,7 +43,9 @@ class GeometryOptimizer(Optimizer):
     :class:`~moga.roles.RolePlan`, or torch-style params / param groups; a group without a ``geometry``
     key takes ``geometry`` and ``update``. With a model or a plan, the vector role's groups (biases, norm
     gains, scalars) are not decayed, as in Trainer's and nanoGPT's optimizers. ``lr_multipliers={"readout": 0.5, ...}`` (a model or plan only)
-    sets each named role's groups to ``lr`` times its multiplier (:mod:`moga.optim.multipliers`).
+    sets each named role's groups to ``lr`` times its multiplier (:mod:`moga.optim.multipliers`); they override,
+    role by role, the defaults of a preset (MOGA's ``preset=``) and of the model's kind (a contrastive model's).
+    ``print(opt.plan)`` shows each parameter's multiplier.
 
     Non-finite values. ``nonfinite="skip"`` (default) turns a step whose gradients hold NaN or inf, or
     whose lr is not finite, into a no-op on the device: weights and optimizer state stay bit for bit
@@ -78,6 +80,8 @@ class GeometryOptimizer(Optimizer):
     """
 
     role_geometries: Mapping[str, str] = {}
+    preset: str | None = None  # a named set of default lr multipliers (MOGA's presets, moga.optim.multipliers)
+    preset_multipliers: Mapping[str, float] = {}
 
     def __init__(
         self,
@@ -130,10 +134,12 @@ class GeometryOptimizer(Optimizer):
             for group in params:  # one rule everywhere (docs/integrations.md): vectors are not decayed
                 if group["role"] == "vector":
                     group["weight_decay"] = 0.0
-        if self.plan is not None and self.plan.lr_multipliers:  # a contrastive model's (moga.roles); the user's win
-            lr_multipliers = {**self.plan.lr_multipliers, **check_multipliers(lr_multipliers)}
-        if lr_multipliers:  # each role's group at lr x its multiplier (moga.optim.multipliers)
-            params = apply_multipliers(params if self.plan is not None else None, defaults["lr"], lr_multipliers)
+        if self.plan is not None or lr_multipliers:  # each role's group at lr x its multiplier (moga.optim.multipliers)
+            # defaults: the preset's (MOGA), then a contrastive model's (moga.roles); the user's win role by role
+            kind = {**self.preset_multipliers, **(self.plan.lr_multipliers if self.plan is not None else {})}
+            params = apply_multipliers(params if self.plan is not None else None, defaults["lr"], lr_multipliers, kind)
+            for group in params if self.plan is not None and self.preset is not None else ():
+                group["preset"] = self.preset  # kept with the group's lr by schedulers and state_dict
         self.nonfinite = nonfinite
         self.distributed = distributed  # split whole-matrix work across ranks for plain tensors (see Muon)
         self._skipped_host = 0  # skips known on the host (a non-finite lr)
@@ -142,6 +148,7 @@ class GeometryOptimizer(Optimizer):
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
         warn_if_decay_diverges(self.param_groups)
+        self._show_multipliers()
         # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
         for device in {p.device for plan, group in zip(self._plans, self.param_groups)  # a DTensor's: its shard's
                        if group["update"] == "lmo" and covers(plan.geometry) for p in group["params"]}:
@@ -154,6 +161,13 @@ class GeometryOptimizer(Optimizer):
         except Exception:
             self.param_groups.pop()  # a rejected group leaves the optimizer as it was
             raise
+
+    def _show_multipliers(self) -> None:
+        """``print(opt.plan)`` shows each role's lr multiplier as the groups hold it (a copy of the plan: one
+        plan may serve several optimizers)."""
+        if self.plan is not None:
+            lrs = {g["role"]: g.get("lr_multiplier", 1.0) for g in self.param_groups if "role" in g}
+            self.plan = self.plan.with_multipliers(lrs, self.preset)
 
     @property
     def skipped_steps(self) -> int:
@@ -310,3 +324,4 @@ class GeometryOptimizer(Optimizer):
                 self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
         self._plans = [plan_group(group) for group in self.param_groups]
         self.skipped_steps = skipped
+        self._show_multipliers()  # the saved groups brought their own multipliers

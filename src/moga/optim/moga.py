@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from moga.geometry import Embedding, Geometry, Row
 from moga.optim.base import GeometryOptimizer
+from moga.optim.multipliers import preset_multipliers
 from moga.optim.options import SharedOptions, shared
 from moga.roles import MOGA_GEOMETRIES, role_geometries
 
@@ -21,8 +22,15 @@ class MOGA(GeometryOptimizer):
     ``"sign"`` (the l_inf LMO). Momentum is an EMA of gradients, optionally Nesterov; weight decay is
     decoupled, ``W <- (1 - lr*wd) W + lr * D*``, and skips vectors when the plan comes from the model.
 
+    ``preset`` names a set of default per-role lr multipliers (:data:`~moga.optim.multipliers.PRESETS`):
+    ``"paper"`` is the width paper's exact choice, every role at ``lr``; ``"default"`` is MOGA's default (today
+    the same). ``lr_multipliers`` override the preset's role by role; a preset's multiplier for a role the model
+    lacks is skipped. The groups keep the preset's name and their ``lr_multiplier``, so schedulers and
+    ``state_dict`` keep them. With torch-style param groups there are no roles, and the preset does not apply.
+
     >>> opt = MOGA(model, lr=2**-3)           # role plan from the unmodified model
-    >>> print(opt.plan)                        # what each parameter gets
+    >>> print(opt.plan)                        # what each parameter gets, with its lr multiplier
+    >>> MOGA(model, lr=2**-3, preset="paper")  # the width paper's choice, whatever the default becomes
     """
 
     role_geometries = MOGA_GEOMETRIES
@@ -39,9 +47,12 @@ class MOGA(GeometryOptimizer):
         embedding_q: float = 2.0,
         vectors: str = "adamw",
         geometry: Geometry | str | None = None,
+        preset: str = "default",
         **options: Unpack[SharedOptions],
     ):
         """``options``: the keywords every geometry optimizer shares (:class:`~moga.optim.options.SharedOptions`)."""
+        self.preset_multipliers = preset_multipliers(preset)  # a bad name fails before anything is built
+        self.preset = preset
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(params, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                          geometry=geometry, **shared(type(self), options))

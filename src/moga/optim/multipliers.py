@@ -5,6 +5,11 @@ at construction: the multiplied rate is the group's own ``lr``, the one every to
 training engine scale (they keep each group's ``initial_lr`` and multiply it), and ``state_dict`` saves it.
 Each group also carries its ``lr_multiplier``, so the base rate stays readable (:func:`base_lr`). Weight
 decay, ``W <- (1 - lr*wd) W``, follows the group's rate, as with any per-group lr in torch.
+
+MOGA's presets (:data:`PRESETS`) are named sets of default multipliers: ``MOGA(model, preset="paper")`` runs
+the width paper's exact choice, every role at ``lr``; ``"default"`` is MOGA's default. A user's
+``lr_multipliers`` override a preset's role by role, and a preset's multiplier for a role the model does not
+have is skipped (a user's is an error, see :func:`apply_multipliers`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,22 @@ import numbers
 from collections.abc import Mapping
 
 from moga.roles import ROLES
+
+# The width paper's exact choice: no multipliers, every role steps at lr.
+PAPER_MULTIPLIERS: dict[str, float] = {}
+# MOGA's default multipliers. A default changes only where the ablation shows a gain larger than its interval at
+# every width tested (docs/results.md, "Quality against tuned baselines"); until then it is the paper's.
+DEFAULT_MULTIPLIERS: dict[str, float] = {}
+PRESETS: dict[str, dict[str, float]] = {"default": DEFAULT_MULTIPLIERS, "paper": PAPER_MULTIPLIERS}
+PRESET_NAMES = tuple(PRESETS)
+
+
+def preset_multipliers(preset: str) -> dict[str, float]:
+    """The multipliers of MOGA's preset ``preset`` (a copy), or a clear error naming the presets."""
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(map(repr, PRESET_NAMES))} (\"paper\": the width paper's "
+                         f"exact choice, every role at lr; \"default\": MOGA's default), got {preset!r}")
+    return dict(PRESETS[preset])
 
 
 def check_multipliers(multipliers: Mapping | None) -> dict[str, float]:
@@ -32,24 +53,31 @@ def check_multipliers(multipliers: Mapping | None) -> dict[str, float]:
     return out
 
 
-def apply_multipliers(groups: list[dict] | None, lr: float, multipliers: Mapping | None) -> list[dict] | None:
+def apply_multipliers(groups: list[dict] | None, lr: float, multipliers: Mapping | None,
+                      defaults: Mapping[str, float] | None = None) -> list[dict] | None:
     """Give each role-plan group ``lr_multiplier`` (1 unless named) and ``lr = lr x lr_multiplier``; ``groups``
     None stands for torch-style params, which have no roles.
 
-    A multiplier for a role none of the groups has is an error: a readout multiplier on a model whose head
-    is tied to its embedding (role ``tied``) would otherwise change nothing, silently.
+    ``multipliers`` are the user's: one for a role none of the groups has is an error (a readout multiplier on
+    a model whose head is tied to its embedding, role ``tied``, would otherwise change nothing, silently).
+    ``defaults`` (a preset's, a model kind's) apply to the roles that ``multipliers`` does not name, and only
+    to roles the model has: a preset's embedding multiplier on a model without tables is not an error. With
+    torch-style params there are no roles, so ``defaults`` do not apply (and ``multipliers`` are an error).
     """
     multipliers = check_multipliers(multipliers)
-    if not multipliers:
-        return groups
     roles = [g.get("role") for g in groups or [{}]]
     if None in roles:
-        raise ValueError("lr_multipliers apply to a model's roles: pass the nn.Module (or its RolePlan), not "
-                         "param groups; with param groups, give each group its own 'lr'")
+        if multipliers:
+            raise ValueError("lr_multipliers apply to a model's roles: pass the nn.Module (or its RolePlan), not "
+                             "param groups; with param groups, give each group its own 'lr'")
+        return groups  # no roles: a preset's or a model kind's defaults cannot apply
     absent = sorted(set(multipliers) - set(roles))
     if absent:
         raise ValueError(f"lr_multipliers names role(s) {', '.join(absent)}, which no parameter of this model has; "
                          f"its roles: {', '.join(dict.fromkeys(roles))}")
+    multipliers = {**{r: m for r, m in check_multipliers(defaults).items() if r in roles}, **multipliers}
+    if not multipliers:
+        return groups
     for group in groups:
         m = multipliers.get(group["role"], 1.0)
         group["lr_multiplier"] = m

@@ -25,6 +25,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from moga.optim.multipliers import preset_multipliers
 from moga.status import DONE, Status
 from moga.sweep.spec import Sweep, SweepError, SweepSpec, cell_id
 
@@ -91,8 +92,12 @@ EXTENSIBLE = {"name", "axes", "exclude", "include", "scale_key", "scale_keys", "
 def incompatible(stored: dict, sweep: Sweep) -> str | None:
     """Why ``sweep`` cannot extend the stored definition, or None when it only changes the grid."""
     base = json.loads(json.dumps(sweep.base))
-    if stored["base"] != base:
-        changed = sorted(_changed_keys(stored["base"], base))
+    why = _preset_changed(stored, sweep)
+    if why:
+        return why
+    stored_base, base = _without_preset(stored["base"]), _without_preset(base)
+    if stored_base != base:
+        changed = sorted(_changed_keys(stored_base, base))
         return f"its base config changed: {', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''}"
     old = SweepSpec.model_validate(stored["spec"]).model_dump(mode="json")
     new = sweep.spec.model_dump(mode="json")
@@ -106,6 +111,37 @@ def incompatible(stored: dict, sweep: Sweep) -> str | None:
         if isinstance(was, dict) and isinstance(values, dict) and "by" in was and was.get("by") != values.get("by"):
             return f"axis {key} now depends on {values.get('by')!r}, not {was.get('by')!r}"
     return None
+
+
+def _without_preset(base: dict) -> dict:
+    optim = base.get("optim")
+    return {**base, "optim": {k: v for k, v in optim.items() if k != "preset"}} if isinstance(optim, dict) else base
+
+
+def _preset_changed(stored: dict, sweep: Sweep) -> str | None:
+    """The base's optim.preset is compared by what it runs, MOGA's lr multipliers, not by its name: pinning
+    "paper" on a sweep stored while the default was the paper's extends it. When the default preset has changed
+    since the sweep was stored (stores from before the record ran the paper's, the only default there was), its
+    finished MOGA cells on the default ran the old one, and the sweep is refused."""
+    was_default, default = stored.get("moga_default_preset", preset_multipliers("paper")), preset_multipliers("default")
+    if not any(sweep.config(cell).optim.name == "moga" for cell in sweep.cells):
+        return None
+
+    def multipliers(base: dict, default: dict) -> dict:
+        preset = (base.get("optim") or {}).get("preset") or "default"
+        return dict(default) if preset == "default" else preset_multipliers(preset)
+
+    old, new = multipliers(stored["base"], was_default), multipliers(sweep.base, default)
+    if old != new:
+        return f"its base config changed: optim.preset (MOGA's lr multipliers {old or 'none'} -> {new or 'none'})"
+    if was_default != default and any(v in (None, "default") for v in _axis_values(sweep, "optim.preset")):
+        return (f"MOGA's default preset changed since it was stored (lr multipliers {was_default or 'none'} -> "
+                f"{default or 'none'}), and its optim.preset axis runs 'default'")
+    return None
+
+
+def _axis_values(sweep: Sweep, key: str) -> list:
+    return [cell[key] for cell in sweep.cells if key in cell]
 
 
 def _changed_keys(a, b, prefix: str = "") -> list[str]:

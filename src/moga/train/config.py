@@ -23,6 +23,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from moga.optim.multipliers import PRESET_NAMES, preset_multipliers
 from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS
 from moga.geometry import parse_geometry
 from moga.roles import ADAM_PREFIX, ROLES
@@ -162,8 +163,9 @@ class DataConfig(_Section):
         return self
 
 
-# The keys some optimizer reads; each optimizer's own set is in moga.optim.registry.
-_OPTIONAL_OPTIM_KEYS = frozenset().union(*(e.keys for e in OPTIMIZERS.values()))
+# The keys some optimizer reads; each optimizer's own set is in moga.optim.registry. Every optimizer accepts
+# optim.preset: only MOGA has presets that differ, and a reproduction config pins one for all it sweeps.
+_OPTIONAL_OPTIM_KEYS = frozenset().union(*(e.keys for e in OPTIMIZERS.values())) - {"preset"}
 
 
 class OptimConfig(_Section):
@@ -190,6 +192,10 @@ class OptimConfig(_Section):
     lr_multipliers: dict[Literal[ROLES], Annotated[float, Field(gt=0, strict=True)]] | None = Field(  # type: ignore[valid-type]
         None, description="moga family: {role: factor} on lr per role (embedding, readout, vector, ...); "
         "sweepable as optim.lr_multipliers.ROLE")
+    preset: Literal[PRESET_NAMES] | None = Field(  # type: ignore[valid-type]
+        None, description="moga: a named set of default lr multipliers per role, which optim.lr_multipliers override "
+        "role by role: paper (the width paper's exact choice, every role at lr) or default (unset: MOGA's default). "
+        "Other optimizers have one behaviour, which both names denote; sweepable as optim.preset")
     geometries: dict[Literal[ROLES], str] | None = Field(  # type: ignore[valid-type]
         None, description="moga family: {role: geometry spec} in place of the optimizer's, e.g. readout: sign, "
         "or adam:sign (Adam's direction with the sign geometry's 1/fan_in); sweepable as optim.geometries.ROLE")
@@ -397,7 +403,21 @@ def config_hash(cfg: RunConfig | Mapping) -> str:
     for section, defaults in LATER_KEYS.items():
         if isinstance(d.get(section), Mapping):
             d[section] = {k: v for k, v in d[section].items() if k not in defaults or v != defaults[k]}
+    if isinstance(d.get("optim"), Mapping):
+        d["optim"] = _resolve_preset(d["optim"])
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _resolve_preset(optim: Mapping) -> dict:
+    """``optim`` with its preset's name replaced by what it computes: MOGA's preset multipliers, when there are
+    any. So the hash follows the numbers: "paper" and "default" hash alike while they are the same, and a run
+    on the default preset gets a new hash when the default changes."""
+    optim = dict(optim)
+    preset = optim.pop("preset", None) or "default"
+    multipliers = preset_multipliers(preset) if optim.get("name", "moga") == "moga" else {}
+    if multipliers:
+        optim["preset_lr_multipliers"] = multipliers
+    return optim
 
 
 def flatten_keys(d: Mapping, prefix: str = "") -> dict[str, Any]:

@@ -47,6 +47,22 @@ def test_every_cell_of_every_grid_builds_its_model_and_optimizer(scale):
         assert seen, rep.name
 
 
+@pytest.mark.parametrize("scale", SCALES)
+def test_every_reproduction_runs_moga_as_the_paper_did(scale):
+    """Each MOGA cell pins optim.preset: paper, so a change of MOGA's default cannot change what a reproduction runs."""
+    pinned = 0
+    for rep in catalog().values():
+        if rep.kind == "convergence":
+            continue
+        sweep = rep.sweep(scale)
+        for cell in sweep.cells:
+            config = sweep.config(cell)
+            if config.optim.name == "moga":
+                assert config.optim.preset == "paper", (rep.name, cell)
+                pinned += 1
+    assert pinned
+
+
 def test_paper_scale_is_the_papers_setup():
     gpt = get("depth-gpt").sweep("paper")
     assert gpt.spec.axes["model.n_layer"] == [2, 4, 8, 16, 32, 64, 128]
