@@ -144,19 +144,37 @@ def test_race_ratios_and_their_intervals_on_known_curves():
     assert token_trend(r, r) == "no trend across budgets: the token intervals overlap"
 
 
+STORED = Path(__file__).parents[3] / "docs" / "reproduce" / "cpu"
+VERDICT_FIELDS = ("outcome", "key", "details", "unclaimed", "panels")
+
+
+def mismatches(outcome: dict) -> list[str]:
+    """The fields of a stored outcome that its own numbers, judged again, do not reproduce: a transfer's or joint's
+    panels (verdict, line, every drift and regret interval), the claim's outcome, key number and lines; for
+    convergence, every check from its per-seed numbers."""
+    again = rejudge(outcome, get(outcome["name"]).expect)
+    return [k for k in VERDICT_FIELDS if k in outcome and again.get(k) != outcome[k]]
+
+
 def test_the_stored_cpu_outcomes_recheck_from_their_own_cells():
-    """docs/reproduce/cpu: every outcome that stores its cells gives the same verdicts when recomputed."""
-    stored = sorted((Path(__file__).parents[3] / "docs" / "reproduce" / "cpu").glob("*.json"))
+    """docs/reproduce/cpu: every outcome that stores its cells (or per-seed numbers) gives the same verdicts,
+    with the same numbers, when recomputed from them."""
     checked = 0
-    for path in stored:
+    for path in sorted(STORED.glob("*.json")):
         outcome = json.loads(path.read_text())
-        if "cells" not in outcome:
-            continue  # stored before verdicts had intervals: the README table marks it
-        if get(outcome["name"]).kind == "joint":  # every settled cell, with both scale keys (no recheck yet)
-            assert len(outcome["cells"]) == sum(outcome["runs"].values()), path.name
-            assert all({"scale", "lr", "seed", "train_loss", "model.depth"} <= set(c) for c in outcome["cells"])
+        kind = get(outcome["name"]).kind
+        if kind == "convergence":
+            if "seed_numbers" not in outcome:
+                continue  # stored before its depth and ||W|| checks ran on seeds
+            numbers = outcome["seed_numbers"]
+            assert mismatches(outcome) == [], path.name
+            assert all(len(e["adaptive"]) >= 3 for e in numbers["adaptive_vs_constant"]), path.name
+            assert all(len(d["losses"]) >= 3 for d in numbers["deeper_slower"].values()), path.name
+            assert all(len(d["growth"]) >= 3 for d in numbers["w_growth"].values()), path.name
             checked += 1
             continue
+        if "cells" not in outcome:
+            continue  # stored before verdicts had intervals: the README table marks it
         if "analysis" not in outcome:  # the quality kind stores each comparison with both sides' seed losses
             for c in (c for c in outcome["cells"] if "relative" in c):
                 point, low, high = relative_interval(c["subject_losses"], c["baseline_losses"])
@@ -166,19 +184,46 @@ def test_the_stored_cpu_outcomes_recheck_from_their_own_cells():
             assert outcome["outcome"] == claim_outcome(outcome["cells"]), path.name
             checked += 1
             continue
-        again = rejudge(outcome, get(outcome["name"]).expect)  # the claim's outcome and key number too
-        assert [(p["panel"], p["verdict"], p["line"]) for p in again["panels"]] == \
-            [(p["panel"], p["verdict"], p["line"]) for p in outcome["panels"]], path.name
-        assert [again[k] for k in ("outcome", "key", "details", "unclaimed")] == \
-            [outcome[k] for k in ("outcome", "key", "details", "unclaimed")], path.name
+        assert mismatches(outcome) == [], path.name  # the claim's outcome, key number and panels' numbers too
+        group = outcome["analysis"]["group_keys"] + (["model.depth"] if kind == "joint" else [])
         seeds = {}
         for c in outcome["cells"]:
-            seeds.setdefault((tuple(str(c[k]) for k in outcome["analysis"]["group_keys"]), c["scale"], c["lr"]),
-                             set()).add(c["seed"])
+            seeds.setdefault((tuple(str(c[k]) for k in group), c["scale"], c["lr"]), set()).add(c["seed"])
         assert max(len(s) for s in seeds.values()) >= 3, path.name
+        if kind == "joint":  # every settled cell is stored, and every pair's decision has 3+ seeds
+            assert len(outcome["cells"]) == sum(outcome["runs"].values()), path.name
+            assert all(s["seeds"] >= 3 for p in outcome["panels"] for s in p["decision"]["scales"]), path.name
         checked += 1
     if not checked:
         pytest.skip("no stored CPU outcome keeps its cells yet")
+
+
+def test_a_changed_stored_number_is_caught_by_the_recheck():
+    """The recheck compares numbers, not only verdict words: one cell's loss 1% higher moves the joint panel's
+    intervals; the reused rate 20% worse at the largest pair flips the claim; a seed whose ||W|| stopped growing
+    moves the convergence check."""
+    joint = json.loads((STORED / "joint.json").read_text())
+    ref_lr = joint["panels"][0]["reference_lr"]
+    nudged = json.loads(json.dumps(joint))
+    cell = next(c for c in nudged["cells"]
+                if (c["scale"], c["model.depth"], c["lr"], c["seed"]) == (512, 16, ref_lr, 1))
+    cell["train_loss"] *= 1.01
+    assert mismatches(nudged) == ["panels"]  # the same verdict sentence, other interval numbers
+    worse = json.loads(json.dumps(joint))
+    for c in worse["cells"]:
+        if (c["scale"], c["model.depth"], c["lr"]) == (512, 16, ref_lr):
+            c["train_loss"] *= 1.2
+    again = rejudge(worse, get("joint").expect)
+    assert again["outcome"] == "failed" and again["panels"][0]["verdict"] == "does not transfer"
+    assert "outcome" in mismatches(worse)
+
+    numbers = {"w_growth": {"adaptive": {"seeds": [0, 1, 2], "growth": [0.12, 0.15, 0.13],
+                                         "rose_last_quarter": [True, True, True]}}}
+    outcome = {"name": "convergence", "seed_numbers": numbers}
+    outcome.update({k: v for k, v in rejudge(outcome, []).items() if k in VERDICT_FIELDS})
+    assert outcome["outcome"] == "held" and mismatches(outcome) == []
+    numbers["w_growth"]["adaptive"]["growth"][1] = 0.001
+    assert mismatches(outcome) == ["outcome", "key", "details"]
 
 
 def test_the_convergence_outcome_states_its_seed_interval(tmp_path):

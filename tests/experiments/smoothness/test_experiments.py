@@ -7,8 +7,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from moga.experiments.smoothness.convergence import (constant_rates, convergence_experiment, paired_gain,
-                                                     step_rule_experiment)
+from moga.experiments.smoothness.checks import paired_gain
+from moga.experiments.smoothness.convergence import constant_rates, convergence_experiment, step_rule_experiment
 from moga.experiments.smoothness.report import loglog_slope, spearman, trend
 from moga.experiments.smoothness.scaling import depth_experiment, width_experiment
 
@@ -73,14 +73,26 @@ def test_width_miniature(tmp_path):
 
 
 def test_convergence_and_step_rule_miniatures(tmp_path):
-    convergence_experiment(tmp_path / "c", quick=True, log=lambda s: None)
+    convergence_experiment(tmp_path / "c", quick=True, log=lambda s: None, seeds=2)
     result, summary = _outputs(tmp_path / "c", "convergence.png")
     (a,) = result["adaptive_vs_constant"]
-    assert a["data"] == "digits" and len(a["runs"]) == 3 and a["held"] in (True, False)
-    assert [r["L"] for r in result["shared"]["runs"]["adaptive"]] == [2, 3]
+    assert a["data"] == "digits" and len(a["runs"]) == 2 * 3 and a["held"] in (True, False)
+    # the shared-weights depths and the long run repeat on every seed; seed 1 starts at seed 0's constant rate
+    runs = result["shared"]["runs"]
+    assert [(r["L"], r["seed"]) for r in runs["adaptive"]] == [(2, 0), (3, 0), (2, 1), (3, 1)]
+    for L in (2, 3):
+        first, second = (next(r for r in runs["constant"] if (r["L"], r["seed"]) == (L, s)) for s in (0, 1))
+        assert second["tried"][0]["lr"] == first["optim"]["lr"]
+    numbers = result["seed_numbers"]
+    assert numbers["deeper_slower"]["constant"]["losses"] == [[r["final_train_loss"] for r in runs["constant"]
+                                                                if r["seed"] == s] for s in (0, 1)]
     long = result["long"]["adaptive"]
-    assert long["weights"]["frobenius"] and long["still_growing"] in (True, False)
+    assert long["weights"]["frobenius"] and long["rose_last_quarter"] in (True, False)
     assert long["w_first"] > 0 and long["w_end"] > 0  # the diagnostics' Frobenius norm of the one weight tensor
+    (later,) = long["seeds"]
+    assert later["name"].endswith("-seed1") and later["growth_second_half"] != long["growth_second_half"]
+    assert numbers["w_growth"]["adaptive"]["growth"] == [long["growth_second_half"], later["growth_second_half"]]
+    assert long["check"]["seeds"] == 2 and "per seed" in summary
 
     step_rule_experiment(tmp_path / "s", quick=True, log=lambda s: None)
     result, summary = _outputs(tmp_path / "s", "steprule.png")

@@ -262,8 +262,9 @@ def _convergence_seconds(s: dict) -> float:
     inputs, n = sizes[s["data"][0]]
     shared = inputs["in_features"] * s["width"]  # the shared-weights net's only weights
     for L in s["shared_depths"]:
-        total += 6 * shared * L / 2 * (n * s["shared_epochs"] * 3 + s["range_lrs"] * s["range_steps"] * s["batch_size"])
-    total += 6 * shared * n * s["long_epochs"] * 2
+        total += 6 * shared * L / 2 * (n * s["shared_epochs"] * 3 * s["seeds"]
+                                       + s["range_lrs"] * s["range_steps"] * s["batch_size"])
+    total += 6 * shared * n * s["long_epochs"] * 2 * s["seeds"]
     return total / GD_FLOPS_PER_CORE
 
 

@@ -10,8 +10,9 @@ intervals on drift and regret (:mod:`moga.sweep.report.decision`). How a claim i
 **held** when every panel the paper makes a claim about gets the verdict it claims; **failed** when any of
 them is confidently the opposite; **undecided** when one cannot be judged on this grid (an optimum on its
 edge: extend the grid; one scale; missing cells); **inconclusive** otherwise (the intervals straddle a limit,
-and the line says about how many seeds would decide it). ``outcome.json`` keeps every cell's final losses,
-so :func:`recheck` recomputes the verdicts from the stored file alone.
+and the line says about how many seeds would decide it). ``outcome.json`` keeps every cell's final losses (a
+joint claim's with both scale keys; convergence keeps each check's per-seed numbers), so :func:`rejudge`
+recomputes the verdicts from the stored file alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 from moga.experiments.reproduce import quality
 from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
 from moga.experiments.reproduce.race import judge_race, race_seeds
-from moga.experiments.smoothness.convergence import convergence_experiment, gain_text
+from moga.experiments.smoothness.checks import judge_checks
+from moga.experiments.smoothness.convergence import convergence_experiment
 from moga.sweep.executor import run_sweep
 from moga.sweep.report import analyze, write_report
 from moga.sweep.report.joint import analyze_joint, plot_regret_map
@@ -218,16 +220,22 @@ def stored_cells(rows: list[dict], scale_key: str, group_keys) -> list[dict]:
 
 def recheck(outcome: dict) -> list[dict]:
     """The panels' verdicts recomputed from a stored outcome's cells (the same analysis settings)."""
-    a = outcome["analysis"]
-    panels = analyze(outcome["cells"], scale_key=a["scale_key"], metric=a["metric"], group_keys=a["group_keys"],
-                     max_regret=a["max_regret"])
-    return [{"panel": p.panel, "verdict": p.verdict, "line": p.verdict_line} for p in panels]
+    return [{"panel": p["panel"], "verdict": p["verdict"], "line": p["line"]}
+            for p in rejudge(outcome, [])["panels"]]
 
 
 def rejudge(outcome: dict, expect: list[dict]) -> dict:
-    """A stored outcome with its verdict fields recomputed from its own cells: after a change to the statistics,
-    the verdicts move without re-running a cell."""
+    """A stored outcome with its verdict fields recomputed from its own numbers (a transfer's or joint's cells,
+    convergence's per-seed numbers): after a change to the statistics, the verdicts move without re-running a
+    cell."""
+    if "seed_numbers" in outcome:
+        return {**outcome, **convergence_fields(outcome["seed_numbers"])}
     a = outcome["analysis"]
+    if "scale_keys" in a:  # joint: the tuning FLOPs saved come from the sweep's cost model, not from cells
+        saved = {json.dumps(p["panel"], sort_keys=True): p.get("tuning_flops_saved") for p in outcome["panels"]}
+        joint = analyze_joint_cells(outcome["cells"], a)
+        return {**outcome, **joint_fields(expect, joint, [saved.get(json.dumps(j.panel, sort_keys=True))
+                                                          for j in joint])}
     panels = analyze(outcome["cells"], scale_key=a["scale_key"], metric=a["metric"], group_keys=a["group_keys"],
                      max_regret=a["max_regret"])
     return {**outcome, **verdict_fields(expect, [p.to_dict() for p in panels])}
@@ -239,21 +247,35 @@ def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     # the one-axis report, one panel per depth with a curve per width
     write_report(rows, out / "report", scale_key=keys[0], title=f"{rep.name}: {rep.claim}",
                  group_keys=[*rep.group_keys, keys[1]], formats=("png",), max_regret=max_regret)
-    joint = analyze_joint(rows, keys, group_keys=rep.group_keys, max_regret=max_regret)
+    analysis = {"scale_keys": keys, "group_keys": rep.group_keys, "metric": "train_loss", "max_regret": max_regret}
+    cells = stored_cells(rows, keys[0], [*rep.group_keys, keys[1]])  # the other scale key as a group
+    joint = analyze_joint_cells(cells, analysis)  # from the stored cells, exactly as a recheck reads them
     figures = [str(plot_regret_map(j, out / "report" / "figures" / f"regret_map_{i}.png", max_regret))
                for i, j in enumerate(joint)]
+    fields = joint_fields(rep.expect, joint, [_tuning_saved(sweep, j) for j in joint])
+    (out / "report" / "joint.json").write_text(json.dumps(fields["panels"], indent=1) + "\n")
+    return {**fields, "figures": figures, "report": str(out / "report" / "report.md"), "analysis": analysis,
+            "cells": cells}
+
+
+def analyze_joint_cells(cells: list[dict], analysis: dict) -> list:
+    a = analysis
+    return analyze_joint(cells, a["scale_keys"], metric=a["metric"], group_keys=a["group_keys"],
+                         max_regret=a["max_regret"])
+
+
+def joint_fields(expect: list[dict], joint: list, saved: list[float | None]) -> dict:
+    """A joint outcome's verdict fields (outcome, key, details, panels) from its panels' analyses and the share
+    of tuning FLOPs that reusing the smallest pair's rate saves in each."""
     verdicts = [{"panel": j.panel, "title": j.title, "verdict": j.verdict, "line": j.verdict_line} for j in joint]
-    outcome, lines = judge_panels(rep.expect, verdicts)
-    saved = [_tuning_saved(sweep, j) for j in joint]
+    outcome, lines = judge_panels(expect, verdicts)
+    saved_text = lambda s: "n/a" if s is None or not math.isfinite(s) else f"{100 * s:.0f}%"  # noqa: E731
     key = "; ".join(f"{j.title}: worst regret " + ("n/a" if j.worst_regret is None else "diverges"
                                                     if math.isinf(j.worst_regret) else f"{100 * j.worst_regret:.1f}%")
                     + (f", drift {j.drift_steps} steps" if j.drift_steps is not None else "")
-                    + f", tuning FLOPs saved {100 * s:.0f}%" for j, s in zip(joint, saved))
-    (out / "report" / "joint.json").write_text(json.dumps(
-        [{**j.to_dict(), "tuning_flops_saved": s} for j, s in zip(joint, saved)], indent=1) + "\n")
-    return {"outcome": outcome, "key": key, "details": lines, "figures": figures,
-            "report": str(out / "report" / "report.md"),
-            "cells": stored_cells(rows, keys[0], [*rep.group_keys, keys[1]])}  # the other scale key as a group
+                    + f", tuning FLOPs saved {saved_text(s)}" for j, s in zip(joint, saved))
+    panels = [json_safe({**j.to_dict(), "title": j.title, "tuning_flops_saved": s}) for j, s in zip(joint, saved)]
+    return {"outcome": outcome, "key": key, "details": lines, "panels": panels}
 
 
 def _tuning_saved(sweep, j) -> float:
@@ -305,23 +327,14 @@ def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, pro
     quick = bool(settings.pop("quick", False))
     log = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
     result = convergence_experiment(out, quick, log, **settings)
-    checks = []  # (claim, held / failed / inconclusive / not measured, numbers)
-    for entry in result["adaptive_vs_constant"]:
-        checks.append((f"adaptive beats every constant rate on {entry['data']}", entry["verdict"],
-                       f"adaptive {entry['adaptive_final_loss']:.4g} vs best constant "
-                       f"{entry['best_constant_final_loss']:.4g} ({entry['data']}; {gain_text(entry['gain'])})"))
-    shared = result.get("shared") or {}
-    one = lambda state: "not measured" if state is None else "held" if state else "failed"  # noqa: E731
-    for kind, d in (shared.get("deeper_slower") or {}).items():
-        rho = d.get("spearman")
-        checks.append((f"deeper converges slower ({kind} lr)", one(d.get("held")),
-                       "depth vs loss: too few depths" if rho is None else f"depth vs loss Spearman {rho:.2f} "
-                       "(one seed)"))
-    for kind, r in (result.get("long") or {}).items():
-        if isinstance(r, dict) and "still_growing" in r:
-            checks.append((f"||W_t|| still growing at L = 2 ({kind} lr)", one(r["still_growing"]),
-                           f"+{100 * r['growth_second_half']:.1f}% over the second half (one seed)"))
-    return {"outcome": combined_outcome([c[1] for c in checks]), "key": "; ".join(f"{c[2]}" for c in checks[:2]),
-            "details": [f"[{c[1]}] {c[0]}: {c[2]}" for c in checks],
+    return {**convergence_fields(result["seed_numbers"]), "seed_numbers": result["seed_numbers"],
             "report": result["files"]["summary"], "data": ",".join(result["settings"]["data"]),
             "runs": {"missing data": result["missing"]} if result["missing"] else {}}
+
+
+def convergence_fields(numbers: dict) -> dict:
+    """A convergence outcome's verdict fields (outcome, key, details) from its per-seed numbers."""
+    checks = judge_checks(numbers)
+    return {"outcome": combined_outcome([c["state"] for c in checks]),
+            "key": "; ".join(c["text"] for c in checks[:2]),
+            "details": [f"[{c['state']}] {c['claim']}: {c['text']}" for c in checks]}
