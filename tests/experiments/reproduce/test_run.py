@@ -87,6 +87,9 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     assert out["outcome"] in ("held", "failed", "undecided") and out["runs"]["finished"] == 12
     stored = json.loads((runs / "quick" / "joint" / "outcome.json").read_text())
     assert stored["outcome"] == out["outcome"] and "tuning FLOPs saved" in stored["key"]
+    again = rejudge(stored, joint.expect)  # the stored cells alone give the same verdict and numbers
+    assert [again[k] for k in ("outcome", "key", "details", "panels")] == \
+        [stored[k] for k in ("outcome", "key", "details", "panels")]
     (panel,) = json.loads((runs / "quick" / "joint" / "report" / "joint.json").read_text())
     assert len(panel["pairs"]) == 4 and panel["reference"] == [8.0, 1.0]
     assert 0 < panel["tuning_flops_saved"] < 1
