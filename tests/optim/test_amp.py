@@ -7,6 +7,7 @@ from torch import nn
 
 from moga.kernels import FusedCalls
 from moga.optim import MOGA, ScaledAdamW
+from tests.fake_cuda import trace
 from tests.optim.test_adamw_scaled import TinyLM, mup_adam_groups
 
 
@@ -85,3 +86,67 @@ def test_raise_policy_raises_on_a_set_flag():
     with pytest.raises(FloatingPointError, match="found_inf"):
         opt.step(found_inf=torch.ones(()))
     assert torch.equal(w, before)
+
+
+def _mlp(width: int, layers: int, seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+
+
+def _backward(net: nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    net.zero_grad()
+    net(torch.randn(5, net[0].in_features, generator=gen)).square().mean().backward()
+
+
+FLAGS = {"bool": lambda v: torch.tensor(bool(v)), "float32": lambda v: torch.tensor(float(v)),
+         "float32[1]": lambda v: torch.full((1,), float(v))}
+
+
+@pytest.mark.parametrize("flag", list(FLAGS))
+@pytest.mark.parametrize("kernel", ["cpp", "torch"])
+def test_a_clear_flag_is_the_unchecked_step_and_a_set_flag_changes_nothing_bitwise(kernel, flag):
+    # row(2) matrices (moga's kernel, or the plain path) and Adam on the biases, from the same weights
+    (a, b) = _mlp(8, 3), _mlp(8, 3)
+    unchecked = MOGA(a, lr=0.1, weight_decay=0.1, kernel=kernel, nonfinite="ignore")
+    flagged = MOGA(b, lr=0.1, weight_decay=0.1, kernel=kernel)
+    for seed in range(3):
+        _backward(a, seed)
+        _backward(b, seed)
+        unchecked.step()
+        flagged.step(found_inf=FLAGS[flag](0))
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+        assert all(torch.equal(unchecked.state[p][k], v) for k, v in flagged.state[q].items())
+    _backward(b, 9)
+    weights = [p.detach().clone() for p in b.parameters()]
+    state = [{k: v.clone() for k, v in flagged.state[p].items()} for p in b.parameters()]
+    flagged.step(found_inf=FLAGS[flag](1))  # finite gradients, but the caller says skip
+    for p, w, s in zip(b.parameters(), weights, state):
+        assert torch.equal(p, w)
+        assert flagged.state[p].keys() == s.keys() and all(torch.equal(flagged.state[p][k], v) for k, v in s.items())
+    assert flagged.skipped_steps == 1
+
+
+def _ops(opt, **kwargs) -> int:
+    opt.step(**kwargs)  # state made; then one steady-state step, counted
+    return trace(lambda: opt.step(**kwargs)).count
+
+
+@pytest.mark.parametrize("flag,matrices_only,most", [("bool", True, 1), ("float32", True, 2), ("float32", False, 5)])
+def test_a_supplied_flag_adds_a_few_ops_per_step_whatever_the_number_of_parameters(flag, matrices_only, most):
+    # The flag is the caller's verdict: the step should do what the unchecked step does plus a handful of
+    # 0-d ops (the flag as a bool, the skip counter; with Adam groups the step count and fused AdamW's flag),
+    # never a pass or an op per gradient.
+    extra = []
+    for layers in (4, 16):
+        nets = [_mlp(8, layers) for _ in range(2)]
+        for net in nets:
+            if matrices_only:
+                for layer in net:
+                    layer.bias = None
+            _backward(net, 0)
+        unchecked = MOGA(nets[0], lr=0.1, kernel="cpp", nonfinite="ignore")
+        flagged = MOGA(nets[1], lr=0.1, kernel="cpp")
+        extra.append(_ops(flagged, found_inf=FLAGS[flag](0)) - _ops(unchecked))
+    assert extra[0] == extra[1] and 0 <= extra[0] <= most, extra

@@ -210,24 +210,29 @@ class GeometryOptimizer(Optimizer):
         self._init_group(self.param_groups[work[0][0]])  # every group's state, in one call (see there)
         if grad_scale is not None:
             precision.unscale_([local(p.grad) for *_, params in work for p in params], grad_scale)
-        ok = (nonfinite.gradients_ok(work, self.nonfinite, self.kernel) if found_inf is None
-              else nonfinite.flag_ok(work, found_inf, self.nonfinite))
+        if found_inf is None:
+            ok = nonfinite.gradients_ok(work, self.nonfinite, self.kernel)
+            gate = None if ok is None else nonfinite.Gate(~ok, ok)
+        else:  # the caller's verdict: no pass over the gradients, and only the ops the step's paths need
+            gate = nonfinite.Gate(nonfinite.flag_skip(work, found_inf, self.nonfinite))
         whole: list[WholeJob] = []  # steps that need whole matrices, split among ranks after the loop
         rounding = []
         for _, plan, group, params in work:
             if group["update"] == "adam":
-                self._adam_step(plan, group, params, ok)
+                self._adam_step(plan, group, params, gate)
                 continue
             momentum = group["momentum"]
             bufs = [self.state[p]["momentum_buffer"] for p in params] if momentum > 0 else None
             if covers(plan.geometry) and fused_available(self.kernel, local(params[0]).device):
-                rest = fused.lmo_step(plan, group, params, bufs, ok, self.master_weights)
+                rest = fused.lmo_step(plan, group, params, bufs, None if gate is None else gate.skip,
+                                      self.master_weights)
                 bufs = None if bufs is None else [self.state[p]["momentum_buffer"] for p in rest]
                 params = rest
             if not params:
                 continue
             # What is left (spectral, p = inf, master copies, kernel="torch", CUDA shards split over ranks)
             # steps here, DTensor parameters on their local shards (moga.optim.sharded).
+            ok = None if gate is None else gate.ok
             targets = precision.master_targets(self.state, params, self.master_weights)
             rounding.append((params, targets))
             whole += lmo_steps_(
@@ -238,8 +243,8 @@ class GeometryOptimizer(Optimizer):
         sharded.step_whole(whole)
         for params, targets in rounding:
             precision.round_into(params, targets)
-        if ok is not None:
-            self._skipped_device.add_((~ok).to(self._skipped_device.device))
+        if gate is not None:
+            self._skipped_device.add_(gate.skip.to(self._skipped_device.device))
         return loss
 
     def _work(self) -> list[tuple]:
@@ -257,16 +262,17 @@ class GeometryOptimizer(Optimizer):
                 work.append((gi, plan, group, params))
         return work
 
-    def _adam_step(self, plan: GroupPlan, group, params, ok):
+    def _adam_step(self, plan: GroupPlan, group, params, gate: nonfinite.Gate | None):
         exp_avgs = [local(self.state[p]["exp_avg"]) for p in params]
         exp_avg_sqs = [local(self.state[p]["exp_avg_sq"]) for p in params]
         steps = [self.state[p]["step"] for p in params]  # made by _init_group (dynamo replays a setdefault as a set)
-        count = 1.0 if ok is None else ok.to(torch.float32)  # a skipped step is not counted
-        for step in steps:
+        count = 1.0 if gate is None else gate.ok.to(torch.float32)  # a skipped step is not counted
+        for step in steps:  # not _foreach_add_: its CUDA kernel reads a tensor count on the host
             step.add_(count)
         if fused.adam_applies(params, exp_avgs, exp_avg_sqs, self.master_weights):
-            fused.adam_step(plan, group, params, exp_avgs, exp_avg_sqs, steps, ok)
+            fused.adam_step(plan, group, params, exp_avgs, exp_avg_sqs, steps, None if gate is None else gate.found)
             return
+        ok = None if gate is None else gate.ok
         targets = precision.master_targets(self.state, params, self.master_weights)
         adam_steps_([local(t) for t in targets], precision.compute_grads(params, ok, sanitize=True), exp_avgs,
                     exp_avg_sqs, steps, [plan.sign_scale(p) for p in params], lr=group["lr"], betas=group["betas"],

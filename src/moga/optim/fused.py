@@ -17,10 +17,11 @@ from moga.optim.precision import low_precision, same_memory_order
 from moga.optim.sharded import local
 
 
-def lmo_step(plan, group: dict, params: list[torch.Tensor], bufs: list[torch.Tensor] | None, ok,
-             master_weights: bool) -> list[torch.Tensor]:
+def lmo_step(plan, group: dict, params: list[torch.Tensor], bufs: list[torch.Tensor] | None,
+             skip: torch.Tensor | None, master_weights: bool) -> list[torch.Tensor]:
     """The fused kernel on the parameters it covers, plain tensors and the local shards of DTensors; ``bufs``
-    are their momentum buffers (None without momentum). Returns the parameters left to the plain path."""
+    are their momentum buffers (None without momentum), ``skip`` the step's 0-d verdict (set: touch nothing;
+    None: no gate), which the kernels read as it is. Returns the parameters left to the plain path."""
     lr, momentum = group["lr"], group["momentum"]
     # Local steps (plain tensors, shards that hold whole rows or columns) in one call; shards whose rows
     # or columns are split over ranks (col on FSDP2's Shard(0)) per set of ranks that combine their sums.
@@ -32,7 +33,6 @@ def lmo_step(plan, group: dict, params: list[torch.Tensor], bufs: list[torch.Ten
             others.append(p)
         else:
             calls.setdefault(key, []).append(k)
-    found_inf = None if ok is None else (~ok).to(torch.float32)
     args = (lr, momentum, group["nesterov"], group["weight_decay"])
     for key, ks in calls.items():
         mine = [params[k] for k in ks]
@@ -40,9 +40,9 @@ def lmo_step(plan, group: dict, params: list[torch.Tensor], bufs: list[torch.Ten
         tensors = (plan.geometry, layouts, [local(p) for p in mine], [local(p.grad) for p in mine],
                    None if bufs is None else [local(bufs[k]) for k in ks])
         if key is None:
-            rest = fused_lmo_step_(*tensors, *args, found_inf)
+            rest = fused_lmo_step_(*tensors, *args, skip)
         else:
-            rest = fused_split_step_(*tensors, *args, sharded.reduce_over(key), found_inf)
+            rest = fused_split_step_(*tensors, *args, sharded.reduce_over(key), skip)
         others += [mine[k] for k in rest]
     return others
 
@@ -63,13 +63,12 @@ def adam_applies(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_a
             and same_memory_order([local(p) for p in params], [local(p.grad) for p in params], exp_avgs, exp_avg_sqs))
 
 
-def adam_step(plan, group: dict, params, exp_avgs, exp_avg_sqs, steps, ok) -> None:
+def adam_step(plan, group: dict, params, exp_avgs, exp_avg_sqs, steps, found_inf: torch.Tensor | None) -> None:
     """torch's fused AdamW kernel, one call per sign factor c: lr*c, and decay wd/c so that the decay stays
-    lr*wd. One pass over the tensors instead of about six; ``found_inf`` makes a skipped step return before
-    touching anything."""
+    lr*wd. One pass over the tensors instead of about six; ``found_inf`` (float32 1.0: skip) makes a skipped
+    step return before touching anything."""
     lr, wd = group["lr"], group["weight_decay"]
     beta1, beta2 = group["betas"]
-    found_inf = None if ok is None else (~ok).to(torch.float32)
     by_scale: dict[float, list[list]] = {}
     for p, m, v, step in zip(params, exp_avgs, exp_avg_sqs, steps):
         lists = by_scale.setdefault(plan.sign_scale(p), [[], [], [], [], []])

@@ -1,8 +1,9 @@
 """The non-finite gate: a step whose gradients hold NaN or inf, or whose lr is not finite, changes nothing.
 
-The verdict is a 0-d bool ``ok`` on the device (None under ``nonfinite="ignore"``), never read on the host
-unless ``nonfinite="raise"``: the step's numbers are gated on it instead (:func:`gate`, :func:`finite`,
-:func:`ema_`), so a skipped step leaves weights and state bit for bit as they were without a sync.
+The verdict is a 0-d bool on the device (a :class:`Gate`; None under ``nonfinite="ignore"``), never read on
+the host unless ``nonfinite="raise"``: moga's kernels take it as ``skip`` and return untouched, the plain path's
+numbers are gated on ``ok`` (:func:`gate`, :func:`finite`, :func:`ema_`), so a skipped step leaves weights and
+state bit for bit as they were without a sync.
 """
 
 from __future__ import annotations
@@ -80,16 +81,43 @@ def lr_finite(work, policy: str) -> bool:
     return False
 
 
-def flag_ok(work, found_inf: torch.Tensor, policy: str) -> torch.Tensor:
-    """The caller's verdict as the step's 0-d bool on the gradients' device (no pass over them)."""
+def flag_skip(work, found_inf: torch.Tensor, policy: str) -> torch.Tensor:
+    """The caller's verdict as the step's 0-d bool ``skip`` on the gradients' device, in at most one op (none
+    for a 0-d bool flag already there, as ``moga train`` passes): no pass over the gradients. Every op here
+    runs once a step on caches the backward pass (or the last step) left cold, a few tens of microseconds each
+    on a CPU after a step over GPT-2-small's matrices."""
     if not isinstance(found_inf, torch.Tensor) or found_inf.numel() != 1:
         raise TypeError(f"found_inf must be a tensor with one element (nonzero: skip the step), got {found_inf!r}")
     device = local(work[0][3][0].grad).device
-    ok = found_inf.reshape(()).to(device, non_blocking=True) == 0
-    if policy == "raise" and not bool(ok):  # the documented sync
+    flag = found_inf if found_inf.dim() == 0 else found_inf.reshape(())
+    flag = flag.to(device, non_blocking=True)
+    skip = flag if flag.dtype == torch.bool else flag != 0
+    if policy == "raise" and bool(skip):  # the documented sync
         raise FloatingPointError("non-finite gradients (found_inf is set); weights and optimizer state are "
                                  "unchanged")
-    return ok
+    return skip
+
+
+class Gate:
+    """The step's verdict on the device, in the forms its consumers take, each made at most once a step:
+    ``skip`` (0-d bool, True: leave everything untouched) for moga's kernels and the skip counter, ``ok`` (its
+    negation) for the plain path's gating, ``found`` (float32 1.0 or 0.0) for torch's fused kernels, which
+    skip on exactly 1.0. A step that runs only moga's kernels makes none but ``skip``."""
+
+    def __init__(self, skip: torch.Tensor, ok: torch.Tensor | None = None):
+        self.skip, self._ok, self._found = skip, ok, None
+
+    @property
+    def ok(self) -> torch.Tensor:
+        if self._ok is None:
+            self._ok = ~self.skip
+        return self._ok
+
+    @property
+    def found(self) -> torch.Tensor:
+        if self._found is None:
+            self._found = self.skip.to(torch.float32)
+        return self._found
 
 
 def gradients_ok(work, policy: str, kernel: str) -> torch.Tensor | None:
