@@ -1,6 +1,7 @@
 """`moga bench optimizer`: the records it promises (timings themselves are not asserted: machines are noisy)."""
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -101,3 +102,33 @@ def test_the_kernel_only_record_is_mogas_row_step():
         runs.append([p.detach() for p in params])
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_ratio_quartiles_say_how_much_the_rounds_agree():
+    base = [2.0] * 5
+    ours = [1.0, 2.0, 3.0, 4.0, 5.0]  # per-round ratios 0.5 .. 2.5
+    records = add_ratios([{"name": "torch-adamw-fused", "ms": 2.0, "ms_rounds": base, "state_bytes": 8},
+                          {"name": "moga-row-p2", "ms": 3.0, "ms_rounds": ours, "state_bytes": 4}])
+    assert records[1]["ms_vs_adamw_fused"] == 1.5
+    assert records[1]["ms_vs_adamw_fused_iqr"] == statistics.quantiles([0.5, 1.0, 1.5, 2.0, 2.5], n=4)[::2]
+    assert records[1]["ms_vs_adamw_fused_iqr"][0] < 1.5 < records[1]["ms_vs_adamw_fused_iqr"][1]
+
+
+def test_cpu_clock_and_threads_are_recorded_and_the_callers_threads_restored():
+    threads = torch.get_num_threads()
+    result = CliRunner().invoke(app, ["bench", "optimizer", "--blocks", "1", "--repeats", "2", "--warmup", "0",
+                                      "--only", "torch-adamw-fused", "--only", "moga-row-p2-flag",
+                                      "--clock", "cpu", "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    records = {r["name"]: r for r in json.loads(result.output)}
+    assert all(r["clock"] == "cpu" and r["threads"] == 1 and len(r["ms_rounds"]) == 2 for r in records.values())
+    low, high = records["moga-row-p2-flag"]["ms_vs_adamw_fused_iqr"]
+    assert 0 < low <= records["moga-row-p2-flag"]["ms_vs_adamw_fused"] <= high
+    assert torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("args,message", [(["--clock", "gpu"], "clock must be one of"),
+                                          (["--clock", "cpu", "--device", "cuda"], "wall clock")])
+def test_bad_clock_is_an_error(args, message):
+    result = CliRunner().invoke(app, ["bench", "optimizer", "--only", "torch-adamw-fused", *args])
+    assert result.exit_code != 0 and message in result.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import torch
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -22,26 +23,41 @@ def optimizer(
     only: list[str] = typer.Option(None, "--only", help="Optimizer names to run (default: all)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of records instead of a table."),
     device: str = typer.Option("cpu", help="Where the parameters live: cpu, cuda, cuda:1, ..."),
+    clock: str = typer.Option("wall", help="wall, or cpu: the process's CPU time, which leaves out the time a busy "
+                                           "host keeps it off the CPU (use it with --threads 1)."),
+    threads: int = typer.Option(None, min=1, help="CPU threads for torch (default: torch's own choice)."),
 ) -> None:
     """Time one optimizer step: torch AdamW (foreach, fused), torch Muon and every moga geometry."""
+    before = torch.get_num_threads()
     try:
-        records = add_ratios(bench_optimizers(blocks, repeats, warmup, names=only or None, device=device))
+        torch.set_num_threads(threads or before)
+        records = add_ratios(bench_optimizers(blocks, repeats, warmup, names=only or None, device=device,
+                                              clock=clock))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    finally:
+        torch.set_num_threads(before)  # the caller's setting (the command also runs inside tests)
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
 
     table = Table(title=f"one step, {records[0]['params']:,} parameters, {records[0]['device']}, "
-                        f"{records[0]['threads']} CPU threads")
+                        f"{records[0]['threads']} CPU threads, {records[0]['clock']} clock; ratios: median "
+                        "over rounds (quartiles)")
     for col in ("optimizer", "kernel", "median ms", "min ms", "x adamw-fused", "x peer", "state MB", "state x adamw"):
-        table.add_column(col, justify="right" if col != "optimizer" else "left", no_wrap=col in ("optimizer", "kernel", "x peer"))
+        table.add_column(col, justify="right" if col != "optimizer" else "left", no_wrap=col in ("optimizer", "kernel", "x peer", "x adamw-fused"))
     for r in records:
         table.add_row(
-            r["name"], r["kernel"], f"{r['ms']:.1f}", f"{r['ms_min']:.1f}", f"{r.get('ms_vs_adamw_fused', float('nan')):.2f}",
-            f"{r['ms_vs_peer']:.2f} {r['peer']}" if "peer" in r else "", f"{r['state_bytes'] / 2**20:.1f}", f"{r.get('state_vs_adamw', float('nan')):.2f}",
+            r["name"], r["kernel"], f"{r['ms']:.1f}", f"{r['ms_min']:.1f}",
+            _with_quartiles(r.get("ms_vs_adamw_fused", float("nan")), r.get("ms_vs_adamw_fused_iqr")),
+            f"{_with_quartiles(r['ms_vs_peer'], r.get('ms_vs_peer_iqr'))} {r['peer']}" if "peer" in r else "",
+            f"{r['state_bytes'] / 2**20:.1f}", f"{r.get('state_vs_adamw', float('nan')):.2f}",
         )
     Console(width=max(Console().width, 132)).print(table)  # the peer column's names fit unwrapped
+
+
+def _with_quartiles(ratio: float, iqr: list[float] | None) -> str:
+    return f"{ratio:.2f}" if iqr is None else f"{ratio:.2f} ({iqr[0]:.2f}-{iqr[1]:.2f})"
 
 
 @bench_app.command("distributed")

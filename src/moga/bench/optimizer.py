@@ -4,7 +4,12 @@ Per block: four 768x768 (attention q, k, v, out), one 3072x768 and one 768x3072 
 optimizers take turns step by step over the same parameters, so machine noise hits all of them alike;
 each reports its median step time and the bytes of its state. The ratio to torch's fused AdamW is the
 median over rounds of the ratio within a round, so a shared host that speeds up or slows down during
-the run does not tilt it.
+the run does not tilt it; its quartiles over rounds say how much the rounds agreed.
+
+The clock is the wall clock, or with ``clock="cpu"`` the CPU time of the process (all its threads), which
+leaves out the time a busy host keeps it off the CPU: on a shared machine, time one thread that way. With
+several threads a descheduled one stalls the others at the end of every parallel region, which the wall
+clock counts and the CPU clock counts as spinning, if at all.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from moga.layout import resolve_layout
 from moga.optim import MOGA, Muon, ScaledAdamW
 
 GPT2_SMALL_BLOCK = [(768, 768)] * 4 + [(3072, 768), (768, 3072)]
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 class KernelOnly(torch.optim.Optimizer):
     """moga's fused row(p=2) step (:func:`moga.kernels.fused_lmo_step_`) called directly on every matrix,
@@ -97,15 +103,20 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
 
 def bench_optimizers(
     blocks: int = 2, repeats: int = 7, warmup: int = 1, names: list[str] | None = None, seed: int = 0,
-    device: str = "cpu",
+    device: str = "cpu", clock: str = "wall",
 ) -> list[dict]:
     names = names or list(OPTIMIZERS)
     unknown = set(names) - set(OPTIMIZERS)
     if unknown:
         raise ValueError(f"unknown optimizer(s) {sorted(unknown)}; known: {', '.join(OPTIMIZERS)}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
     dev = torch.device(device)
+    if clock == "cpu" and dev.type != "cpu":
+        raise ValueError(f"clock='cpu' times the host's CPU, not {device!r}'s kernels: use the wall clock there")
     if dev.type != "cpu" and not getattr(torch, dev.type).is_available():
         raise ValueError(f"device {device!r} is not available here")
+    now = CLOCKS[clock]
     sync = getattr(torch, dev.type).synchronize if dev.type != "cpu" else (lambda: None)
     gen = torch.Generator().manual_seed(seed)
     shapes = GPT2_SMALL_BLOCK * blocks
@@ -121,10 +132,10 @@ def bench_optimizers(
     for r in range(warmup + repeats):
         for name, opt in opts.items():  # take turns, so noise is shared
             sync()
-            start = time.perf_counter()
+            start = now()
             opt.step()
             sync()  # a GPU step is done when its kernels are
-            elapsed = time.perf_counter() - start
+            elapsed = now() - start
             if r >= warmup:
                 times[name].append(elapsed * 1e3)
     n_params = sum(torch.Size(s).numel() for s in shapes)
@@ -141,6 +152,7 @@ def bench_optimizers(
             "repeats": repeats,
             "threads": torch.get_num_threads(),
             "device": str(dev),
+            "clock": clock,
         }
         for name in names
     ]
@@ -154,10 +166,14 @@ PEERS = {"moga-muon": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2
          "moga-row-p2-torch": "moga-row-p2"}
 
 
-def _ratio(record: dict, base: dict) -> float:
-    """Median over rounds of the ratio within a round (side by side); the medians' ratio without rounds."""
+def _ratio(record: dict, base: dict) -> tuple[float, list[float] | None]:
+    """Median over rounds of the ratio within a round (side by side), and its quartiles over the rounds
+    (None with fewer than 2 rounds); the medians' ratio without rounds."""
     within = [t / b for t, b in zip(record.get("ms_rounds", []), base.get("ms_rounds", []))]
-    return statistics.median(within) if within else record["ms"] / base["ms"]
+    if not within:
+        return record["ms"] / base["ms"], None
+    quartiles = statistics.quantiles(within, n=4) if len(within) > 1 else None
+    return statistics.median(within), None if quartiles is None else [quartiles[0], quartiles[2]]
 
 
 def add_ratios(records: list[dict], baseline: str = "torch-adamw-fused") -> list[dict]:
@@ -165,9 +181,10 @@ def add_ratios(records: list[dict], baseline: str = "torch-adamw-fused") -> list
     base = by_name.get(baseline)
     for r in records:
         if base is not None:
-            r["ms_vs_adamw_fused"] = _ratio(r, base)
+            r["ms_vs_adamw_fused"], r["ms_vs_adamw_fused_iqr"] = _ratio(r, base)
             r["state_vs_adamw"] = r["state_bytes"] / max(base["state_bytes"], 1)
         peer = by_name.get(PEERS.get(r["name"], ""))
         if peer is not None:
-            r["peer"], r["ms_vs_peer"] = peer["name"], _ratio(r, peer)
+            r["peer"] = peer["name"]
+            r["ms_vs_peer"], r["ms_vs_peer_iqr"] = _ratio(r, peer)
     return records
