@@ -254,3 +254,23 @@ def test_a_contrastive_model_declares_its_multipliers_and_the_users_win():
     del model.logit_scale
     assert build_plan(model).lr_multipliers == {} and "learning rate" not in str(build_plan(model))
     assert {g["lr"] for g in MOGA(model, lr=0.1).param_groups} == {0.1}
+
+
+def test_a_contrastive_models_multipliers_win_over_moga_presets(monkeypatch):
+    """Defaults stack: the preset's, then the model kind's (a contrastive model's 1/8), then the user's."""
+    from moga.optim import MOGA
+    from moga.optim.multipliers import PRESETS
+
+    class TwoTowers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.text = nn.Sequential(nn.Embedding(10, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+            self.image = nn.Linear(6, 4)
+            self.logit_scale = nn.Parameter(torch.tensor(2.6593))
+
+    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.0625, "readout": 0.5})
+    multipliers = {g["role"]: g["lr_multiplier"] for g in MOGA(TwoTowers(), lr=0.1).param_groups}
+    assert multipliers == {"embedding": 0.125, "vector": 0.125, "hidden": 1.0, "readout": 0.5}
+    multipliers = {g["role"]: g["lr_multiplier"]
+                   for g in MOGA(TwoTowers(), lr=0.1, lr_multipliers={"embedding": 2.0}).param_groups}
+    assert multipliers == {"embedding": 2.0, "vector": 0.125, "hidden": 1.0, "readout": 0.5}
