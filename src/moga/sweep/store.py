@@ -97,7 +97,7 @@ def incompatible(stored: dict, sweep: Sweep) -> str | None:
         return why
     stored_base, base = _without_preset(stored["base"]), _without_preset(base)
     if stored_base != base:
-        changed = sorted(_changed_keys(stored_base, base))
+        changed = sorted(changed_keys(stored_base, base))
         return f"its base config changed: {', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''}"
     old = SweepSpec.model_validate(stored["spec"]).model_dump(mode="json")
     new = sweep.spec.model_dump(mode="json")
@@ -144,9 +144,10 @@ def _axis_values(sweep: Sweep, key: str) -> list:
     return [cell[key] for cell in sweep.cells if key in cell]
 
 
-def _changed_keys(a, b, prefix: str = "") -> list[str]:
+def changed_keys(a, b, prefix: str = "") -> list[str]:
+    """The dotted keys at which two nested config dicts differ."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in set(a) | set(b) for k in _changed_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
+        return [k for key in set(a) | set(b) for k in changed_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
     return [] if a == b else [prefix.rstrip(".")]
 
 

@@ -247,3 +247,25 @@ def test_a_multiplier_tuned_at_the_smallest_width_is_judged_at_every_width(tmp_p
     assert [c["outcome"] for c in cells] == ["held", "held", "failed"]
     assert cells[2]["relative"] == pytest.approx(0.04, abs=1e-9)
     assert text.startswith("optim.lr_multipliers.readout tuned at width 64")
+
+
+def test_a_sweep_of_the_subject_under_another_setting_is_judged_against_the_claims_baselines(tmp_path):
+    """The claim's run holds MOGA with the papers' preset (6% above Muon); a MOGA-only sweep with the tables at
+    1/16 (2% below Muon at width 64, 1% above at 256) takes its place against the same tuned baselines."""
+    floors, optima = grid(moga=[1.06, 1.06, 1.06], adamw=[1.1, 1.1, 1.1], muon=[1.0, 1.0, 1.0])
+    judged(tmp_path / "claim", floors, optima, noise=(0.0, 0.001, -0.001))
+    spec = sweep_dict()
+    spec["axes"] = {"optim.name": ["moga"], "model.n_embd": WIDTHS, "seed": SEEDS, "optim.lr": LRS["moga"]}
+    spec["base"]["optim"]["lr_multipliers"] = {"embedding": 0.0625}
+    new = {64: 0.98, 128: 1.0, 256: 1.01}
+    store_losses(tmp_path / "new", Sweep.from_dict(spec), lambda p: parabola(-4, new[p["model.n_embd"]])(
+        p["optim.lr"]) * (1 + 0.001 * p["seed"]))
+    text = quality.versus_report(tmp_path / "new", tmp_path / "claim")
+    cells = json.loads((tmp_path / "new" / "versus.json").read_text())
+    assert [c["baseline"] for c in cells] == ["muon"] * 3 and [c["subject_lr"] for c in cells] == [2.0**-4] * 3
+    assert [c["relative"] for c in cells] == pytest.approx([-0.02 + 0.001, 0.001, 0.011], abs=2e-4)
+    assert [c["outcome"] for c in cells] == ["held", "held", "held"] and "muon 1.0000" in text
+    spec["base"]["train"]["steps"] = 4  # not the claim's experiment
+    store_losses(tmp_path / "other", Sweep.from_dict(spec), lambda p: 1.0)
+    with pytest.raises(SystemExit, match="train.steps differ"):
+        quality.versus_report(tmp_path / "other", tmp_path / "claim")

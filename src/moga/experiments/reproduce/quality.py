@@ -16,7 +16,8 @@ its own tuned lr against MOGA's default (the first value of each axis), per widt
 choice is judged with the first), or against the best baseline tuned at each width, the gap:
 ``... ablation RUN_DIR --baseline BASELINE_RUN_DIR`` (``configs/sweeps/gap_*.yaml``). ``... transfer RUN_DIR`` asks of a sweep over
 one optimizer whether the value of its ``lr_key`` tuned at the smallest width (e.g. a role's lr multiplier,
-``configs/sweeps/multiplier_transfer.yaml``) serves every width.
+``configs/sweeps/multiplier_transfer.yaml``) serves every width. ``... versus RUN_DIR --baseline QUALITY_RUN_DIR``
+judges a sweep of the subject under another setting against a quality run's tuned baselines.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 from pathlib import Path
 
 from moga.sweep.results import records
-from moga.sweep.store import SweepStore
+from moga.sweep.store import SweepStore, changed_keys
 
 GOAL = 0.02
 LEVEL = 0.95
@@ -375,8 +376,35 @@ def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
     return f"{spec['lr_key']} tuned at width {cells[0]['tuned_at']}, against each width's own best\n" + table(cells)
 
 
+def versus_report(subject_dir: Path, claim_dir: Path, goal: float = GOAL) -> str:
+    """A sweep of the quality claim's subject under another setting (``configs/sweeps/quality_default.yaml``:
+    MOGA's default against the claim's pinned papers' preset) judged against a quality run's tuned baselines:
+    its rows take the place of the run's subject rows, and the comparison is the claim's own (:func:`compare`).
+    The two base configs must agree outside ``optim``, the one block the subject's sweep may change."""
+    subject_store, claim_store = SweepStore(subject_dir), SweepStore(claim_dir)
+    spec, claim = subject_store.definition(), claim_store.definition()
+    mine = records(subject_store)
+    names = sorted({str(r.get("optim.name")) for r in mine})
+    if len(names) != 1:
+        raise SystemExit(f"{subject_dir}: a versus report needs one optimizer, the sweep has {names or 'no cell'}")
+    differ = sorted(k for k in changed_keys(spec["base"], claim["base"]) if k.split(".")[0] != "optim")
+    if differ or spec["spec"]["scale_key"] != claim["spec"]["scale_key"]:
+        raise SystemExit(f"{subject_dir} is not {claim_dir}'s experiment: their "
+                         f"{', '.join(differ) or 'scale keys'} differ")
+    theirs = [r for r in records(claim_store) if r.get("optim.name") != names[0]]
+    if not theirs:
+        raise SystemExit(f"{claim_dir}: no settled baseline cell")
+    axes, scale_key = spec["spec"]["axes"], spec["spec"]["scale_key"]
+    budget_key = "train.steps" if "train.steps" in axes else None
+    panel_keys = tuple(k for k in axes if k not in (scale_key, spec["spec"]["lr_key"], "seed", "optim.name", budget_key))
+    cells = compare(mine + theirs, subject=names[0], baselines=sorted({r["optim.name"] for r in theirs}),
+                    scale_key=scale_key, budget_key=budget_key, panel_keys=panel_keys, goal=goal)
+    (Path(subject_dir) / "versus.json").write_text(json.dumps(_finite(cells), indent=1) + "\n")
+    return table(cells, panel_keys)
+
+
 USAGE = ("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...] [--baseline RUN_DIR]"
-         " | transfer RUN_DIR")
+         " | transfer RUN_DIR | versus RUN_DIR --baseline QUALITY_RUN_DIR")
 
 if __name__ == "__main__":
     args = sys.argv[1:]
@@ -387,5 +415,7 @@ if __name__ == "__main__":
         print(ablation_report([Path(a) for a in args[1:]], baseline_dir))
     elif args[:1] == ["transfer"] and len(args) == 2 and baseline_dir is None:
         print(transfer_report(Path(args[1])))
+    elif args[:1] == ["versus"] and len(args) == 2 and baseline_dir is not None:
+        print(versus_report(Path(args[1]), baseline_dir))
     else:
         raise SystemExit(USAGE)
