@@ -253,7 +253,9 @@ def test_a_contrastive_model_declares_its_multipliers_and_the_users_win():
     assert lrs["vector"] == 0.1 and lrs["embedding"] == pytest.approx(0.0125)
     del model.logit_scale
     assert build_plan(model).lr_multipliers == {} and "learning rate" not in str(build_plan(model))
-    assert {g["lr"] for g in MOGA(model, lr=0.1).param_groups} == {0.1}
+    assert {g["lr"] for g in MOGA(model, lr=0.1, preset="paper").param_groups} == {0.1}
+    lrs = {g["role"]: g["lr"] for g in MOGA(model, lr=0.1).param_groups}  # MOGA's default preset alone
+    assert lrs == pytest.approx({"embedding": 0.1 / 16, "vector": 0.1, "hidden": 0.1, "readout": 0.1})
 
 
 def test_a_contrastive_models_multipliers_win_over_moga_presets(monkeypatch):

@@ -7,6 +7,7 @@ import torch
 
 from moga.integrations.hf import create_optimizer
 from moga.optim import MOGA
+from moga.optim.multipliers import PRESETS, base_lr
 from tests.integrations.lm import CharBlocks, record_losses, tiny_gpt2
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install moga[hf])",
@@ -28,8 +29,10 @@ def test_create_optimizer_reads_training_arguments(tmp_path):
     model = tiny_gpt2(65)
     opt = create_optimizer(model, args, name="moga", p=2.5)
     assert isinstance(opt, MOGA) and opt.plan["lm_head.weight"].role == "tied"
-    for group in opt.param_groups:
-        assert (group["lr"], group["betas"], group["eps"]) == (LR, (0.8, 0.95), 1e-6)
+    for group in opt.param_groups:  # learning_rate is the base lr; MOGA's default preset scales the tables' (wpe)
+        assert (group["lr"], group["betas"], group["eps"]) == \
+            (LR * PRESETS["default"].get(group["role"], 1.0), (0.8, 0.95), 1e-6)
+        assert base_lr(group) == LR
         assert group["weight_decay"] == (0.0 if group["role"] == "vector" else 0.1)
     assert {g["geometry"] for g in opt.param_groups if g["role"] == "hidden"} == {"row(p=2.5)"}
     assert create_optimizer(model, args, name="adamw_scaled").param_groups[0]["update"] == "adam"

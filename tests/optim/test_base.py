@@ -91,7 +91,9 @@ def updates_of(model, opt, closure_seed=0):
 
 
 def test_each_layer_moves_by_exactly_lr_in_its_own_geometry(tiny):
-    opt = MOGA(tiny, lr=0.03, vectors="sign", overrides=TINY_OVERRIDES)
+    """The paper's step: every layer, tables included, a unit step of lr (MOGA's default scales the tables'
+    lr, tests/optim/test_multipliers.py)."""
+    opt = MOGA(tiny, lr=0.03, vectors="sign", overrides=TINY_OVERRIDES, preset="paper")
     deltas = updates_of(tiny, opt)
     for group in opt.param_groups:
         geometry = parse_geometry(group["geometry"])
@@ -101,7 +103,8 @@ def test_each_layer_moves_by_exactly_lr_in_its_own_geometry(tiny):
 
 
 def test_weight_decay_is_decoupled(tiny):
-    opt = MOGA(tiny, lr=0.1, momentum=0.0, weight_decay=0.5, vectors="sign", overrides=TINY_OVERRIDES)
+    opt = MOGA(tiny, lr=0.1, momentum=0.0, weight_decay=0.5, vectors="sign", overrides=TINY_OVERRIDES,
+               preset="paper")  # every group at lr 0.1 (decay with multipliers: test_multipliers.py)
     before = {id(p): p.detach().clone() for p in tiny.parameters()}
     opt.zero_grad()
     tiny_loss(tiny).backward()

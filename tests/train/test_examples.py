@@ -8,6 +8,7 @@ import torch
 
 from moga.train import load_config
 from moga.train.build import build_model, build_optimizer
+from tests.conftest import corpus_text
 
 NAMES = ("fashion_mnist_residual_mlp_moga", "shakespeare_char_gpt", "cifar10_narrow_resnet",
          "cifar10_feedforward_adaptive_gd")
@@ -24,8 +25,12 @@ def test_there_are_examples():
 def example_batch(cfg, gen: torch.Generator):
     """Inputs and targets shaped like the config's data: token ids for the GPT, images for the ResNet, else
     flat vectors."""
-    if cfg.model.name == "gpt":
-        tokens = torch.randint(0, DATA_INPUTS["vocab_size"], (8, cfg.data.block_size + 1), generator=gen)
+    if cfg.model.name == "gpt":  # text: random tokens can only be memorized, through the tables alone
+        text = corpus_text()
+        chars = sorted(set(text))  # tiny Shakespeare's 65 characters (the stand-in's fewer)
+        ids = torch.tensor([chars.index(c) for c in text])
+        starts = torch.randint(0, len(ids) - cfg.data.block_size - 1, (8,), generator=gen)
+        tokens = torch.stack([ids[s:s + cfg.data.block_size + 1] for s in starts])
         return tokens[:, :-1], tokens[:, 1:]
     shape = (32, 3, 32, 32) if cfg.model.name == "resnet" else (32, 3072 if cfg.data.name == "cifar10" else 784)
     return torch.randn(shape, generator=gen), torch.randint(0, 10, (32,), generator=gen)

@@ -23,8 +23,8 @@ class MOGA(GeometryOptimizer):
     decoupled, ``W <- (1 - lr*wd) W + lr * D*``, and skips vectors when the plan comes from the model.
 
     ``preset`` names a set of default per-role lr multipliers (:data:`~moga.optim.multipliers.PRESETS`):
-    ``"paper"`` is the width paper's exact choice, every role at ``lr``; ``"default"`` is MOGA's default (today
-    the same). ``lr_multipliers`` override the preset's role by role; a preset's multiplier for a role the model
+    ``"paper"`` is the width paper's exact choice, every role at ``lr``; ``"default"`` is MOGA's default, the
+    embedding tables at ``lr / 16`` (a tied table-and-head keeps ``lr``). ``lr_multipliers`` override the preset's role by role; a preset's multiplier for a role the model
     lacks is skipped. The groups keep the preset's name and their ``lr_multiplier``, so schedulers and
     ``state_dict`` keep them. With torch-style param groups there are no roles, and the preset does not apply.
 
