@@ -231,17 +231,20 @@ def test_module_dict_is_a_container_not_a_repeated_block():
     assert roles["lm_head.weight"] == "readout"
 
 
+class TwoTowers(nn.Module):
+    """A contrastive model: two towers and a root scalar temperature (CLIP's logit_scale)."""
+
+    def __init__(self):
+        super().__init__()
+        self.text = nn.Sequential(nn.Embedding(10, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+        self.image = nn.Linear(6, 4)
+        self.logit_scale = nn.Parameter(torch.tensor(2.6593))
+
+
 def test_a_contrastive_model_declares_its_multipliers_and_the_users_win():
     """A root scalar temperature (CLIP's logit_scale) makes the plan step vectors and tables at 1/8 of the lr,
     printed with the reason; a model without one gets none; an optimizer's lr_multipliers win role by role."""
     from moga.optim import MOGA
-
-    class TwoTowers(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.text = nn.Sequential(nn.Embedding(10, 8), nn.LayerNorm(8), nn.Linear(8, 4))
-            self.image = nn.Linear(6, 4)
-            self.logit_scale = nn.Parameter(torch.tensor(2.6593))
 
     model = TwoTowers()
     plan = build_plan(model)
@@ -262,13 +265,6 @@ def test_a_contrastive_models_multipliers_win_over_moga_presets(monkeypatch):
     """Defaults stack: the preset's, then the model kind's (a contrastive model's 1/8), then the user's."""
     from moga.optim import MOGA
     from moga.optim.multipliers import PRESETS
-
-    class TwoTowers(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.text = nn.Sequential(nn.Embedding(10, 8), nn.LayerNorm(8), nn.Linear(8, 4))
-            self.image = nn.Linear(6, 4)
-            self.logit_scale = nn.Parameter(torch.tensor(2.6593))
 
     monkeypatch.setitem(PRESETS, "default", {"embedding": 0.0625, "readout": 0.5})
     multipliers = {g["role"]: g["lr_multiplier"] for g in MOGA(TwoTowers(), lr=0.1).param_groups}
