@@ -430,6 +430,15 @@ def flatten_keys(d: Mapping, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def hash_diff(stored: RunConfig | Mapping, now: RunConfig | Mapping) -> list[str]:
+    """Why two configs hash apart: their differing keys, or, when none differs, the one input the hash resolves
+    beyond the keys, MOGA's preset, whose default multipliers changed since ``stored`` ran."""
+    return config_diff(stored, now) or [
+        f"optim.preset: no key differs, but the hash counts what MOGA's preset runs, and MOGA's default lr "
+        f"multipliers are now {preset_multipliers('default')} (the papers' choice before the change); a run "
+        f"made before it resumes with optim.preset=paper"]
+
+
 def config_diff(a: RunConfig | Mapping, b: RunConfig | Mapping, *, hashed_only: bool = True) -> list[str]:
     """'key: a -> b' for every dotted key whose value differs."""
     fa, fb = (flatten_keys(x.to_dict() if isinstance(x, RunConfig) else x) for x in (a, b))

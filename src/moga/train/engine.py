@@ -44,7 +44,7 @@ from moga.status import Status
 from . import distributed, parallel, sharded_checkpoint as sharded
 from .build import build_model, build_optimizer
 from .checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .config import RunConfig, as_config, config_diff, dump_yaml, json_float
+from .config import RunConfig, as_config, dump_yaml, hash_diff, json_float
 from .diagnostics import StepInstruments
 from .metrics import MetricsLog, TensorBoardSink, WandbSink, progress_line
 from .schedule import build_schedule
@@ -137,7 +137,7 @@ class Trainer:
             return None
         if result.get("config_hash") != self.hash:
             saved = self.run_dir / CONFIG
-            diff = config_diff(as_config(saved), self.cfg) if saved.is_file() else []
+            diff = hash_diff(as_config(saved), self.cfg) if saved.is_file() else []
             raise CheckpointError(
                 f"{self.run_dir} holds a finished run of another config (hash {result.get('config_hash')}, this "
                 f"config {self.hash}); differing keys (stored -> now):\n  " + "\n  ".join(diff or ["?"]))
