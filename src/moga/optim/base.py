@@ -138,8 +138,9 @@ class GeometryOptimizer(Optimizer):
             # defaults: the preset's (MOGA), then a contrastive model's (moga.roles); the user's win role by role
             kind = {**self.preset_multipliers, **(self.plan.lr_multipliers if self.plan is not None else {})}
             params = apply_multipliers(params if self.plan is not None else None, defaults["lr"], lr_multipliers, kind)
-            for group in params if self.plan is not None and self.preset is not None else ():
-                group["preset"] = self.preset  # kept with the group's lr by schedulers and state_dict
+            if self.plan is not None and self.preset is not None:
+                for group in params:
+                    group["preset"] = self.preset  # kept with the group's lr by schedulers and state_dict
         self.nonfinite = nonfinite
         self.distributed = distributed  # split whole-matrix work across ranks for plain tensors (see Muon)
         self._skipped_host = 0  # skips known on the host (a non-finite lr)

@@ -33,7 +33,7 @@ MIN_BOOTSTRAP_SEEDS = 3
 EXACT_BOOTSTRAP_SEEDS = 8  # up to here every resample is enumerated (6435 multisets at 8 seeds)
 
 
-def _loss(x) -> float:
+def stored_loss(x) -> float:
     """A stored loss: None (JSON's inf) or non-finite is a diverged run."""
     return math.inf if x is None or not math.isfinite(x) else float(x)
 
@@ -55,8 +55,8 @@ def paired_gain(adaptive: list[float], constants: dict[float, list[float]], leve
     the mean per-seed difference with its Student t interval (n - 1 degrees of freedom; none with one seed).
     When a seed diverged (an infinite difference), the interval is the seeds' range: decided only when every
     seed agrees. Verdict: held above 0, failed below, inconclusive otherwise."""
-    adaptive = [_loss(x) for x in adaptive]
-    constants = {lr: [_loss(x) for x in v] for lr, v in constants.items()}
+    adaptive = [stored_loss(x) for x in adaptive]
+    constants = {lr: [stored_loss(x) for x in v] for lr, v in constants.items()}
     means = {lr: sum(v) / len(v) for lr, v in constants.items()}
     best = min(means, key=lambda lr: (means[lr], lr))
     diffs = [c - a for c, a in zip(constants[best], adaptive, strict=True)]  # inf - inf is nan: no agreement
@@ -100,7 +100,7 @@ def depth_order(depths: list[int], losses: list[list[float]], level: float = 0.9
     Spearman rho of the seed-mean losses over ``L >= 3``, its seed-bootstrap interval and each seed's own rho."""
     deep = [i for i, L in enumerate(depths) if L >= 3]
     xs = [depths[i] for i in deep]
-    rows = [[_loss(row[i]) for i in deep] for row in losses]
+    rows = [[stored_loss(row[i]) for i in deep] for row in losses]
     n = len(rows)
 
     def rho_of(pick) -> float:
@@ -176,8 +176,8 @@ def judge_checks(numbers: dict) -> list[dict]:
     checks = []
     for e in numbers.get("adaptive_vs_constant", []):
         g = paired_gain(e["adaptive"], {c["lr"]: c["losses"] for c in e["constant"]})
-        adaptive = float(np.mean([_loss(x) for x in e["adaptive"]]))
-        best = float(np.mean([_loss(x) for c in e["constant"] if c["lr"] == g["best_constant_lr"]
+        adaptive = float(np.mean([stored_loss(x) for x in e["adaptive"]]))
+        best = float(np.mean([stored_loss(x) for c in e["constant"] if c["lr"] == g["best_constant_lr"]
                               for x in c["losses"]]))
         checks.append({"claim": f"adaptive beats every constant rate on {e['data']}", "state": g["verdict"],
                        "text": f"adaptive {adaptive:.4g} vs best constant {best:.4g} ({e['data']}; {gain_text(g)})"})

@@ -40,7 +40,7 @@ import torch
 
 from moga.data.images import locate_image_data
 from moga.experiments.smoothness.checks import (depth_order, depth_text, gain_text, growth_check, growth_text,
-                                                paired_gain)
+                                                paired_gain, stored_loss)
 from moga.experiments.smoothness.plots import plot_curves
 from moga.experiments.smoothness.report import fmt, table, write_outputs
 from moga.smoothness import BlockGeometry, smoothness
@@ -219,8 +219,7 @@ def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[
 
 
 def _loss(run: dict) -> float:
-    x = run["final_train_loss"]
-    return math.inf if x is None or not math.isfinite(x) else x
+    return stored_loss(run["final_train_loss"])
 
 
 def _ratio(a: float | None, b: float | None) -> float:
