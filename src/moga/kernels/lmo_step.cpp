@@ -416,7 +416,7 @@ void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c, bo
     const V f(T(factor(total, cfg.p, c, K)));
     for (int64_t i = 0; i < n; i += L) {
       const int64_t cnt = std::min(L, n - i);
-      if (next_row) {  // the next row's pass A streams, in flight during this pass: measured ~12% faster
+      if (next_row) {  // the next row's pass A streams, in flight during this pass (docs/results.md)
         prefetch_for_read(g + n + i);
         if (m) prefetch_for_write(m + n + i);
       }
