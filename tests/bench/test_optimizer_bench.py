@@ -8,6 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from moga.bench.optimizer import OPTIMIZERS, add_ratios
+from moga.optim import MOGA
 from moga.cli import app
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -132,3 +133,12 @@ def test_cpu_clock_and_threads_are_recorded_and_the_callers_threads_restored():
 def test_bad_clock_is_an_error(args, message):
     result = CliRunner().invoke(app, ["bench", "optimizer", "--only", "torch-adamw-fused", *args])
     assert result.exit_code != 0 and message in result.output
+
+
+def test_moga_records_name_their_momentum():
+    """Each MOGA record runs the momentum its name says (Nesterov only where named), whatever MOGA's default."""
+    params = [torch.nn.Parameter(torch.zeros(4, 3))]
+    for name, make in OPTIMIZERS.items():
+        opt = make(params)
+        if isinstance(opt, MOGA):
+            assert all(g["nesterov"] == ("nesterov" in name) for g in opt.param_groups), name

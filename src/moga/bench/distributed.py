@@ -45,11 +45,12 @@ def _groups(model: nn.Module, geometry: str | None, table: str, update: str = "l
 OPTIMIZERS = {
     "torch-adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True),
     "torch-adamw-fused": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True),
-    "moga-row-p2": lambda m: MOGA(_groups(m, "row(p=2)", "embedding(q=2)"), lr=1e-3),
-    "moga-row-p2-torch": lambda m: MOGA(_groups(m, "row(p=2)", "embedding(q=2)"), lr=1e-3, kernel="torch"),
-    "moga-row-p1.5": lambda m: MOGA(_groups(m, "row(p=1.5)", "embedding(q=2)"), lr=1e-3),
-    "moga-col-q2": lambda m: MOGA(_groups(m, "col(q=2)", "embedding(q=2)"), lr=1e-3),
-    "moga-sign": lambda m: MOGA(_groups(m, "sign", "embedding(q=2)"), lr=1e-3),
+    "moga-row-p2": lambda m: MOGA(_groups(m, "row(p=2)", "embedding(q=2)"), lr=1e-3, nesterov=False),
+    "moga-row-p2-torch": lambda m: MOGA(_groups(m, "row(p=2)", "embedding(q=2)"), lr=1e-3, nesterov=False,
+                                        kernel="torch"),
+    "moga-row-p1.5": lambda m: MOGA(_groups(m, "row(p=1.5)", "embedding(q=2)"), lr=1e-3, nesterov=False),
+    "moga-col-q2": lambda m: MOGA(_groups(m, "col(q=2)", "embedding(q=2)"), lr=1e-3, nesterov=False),
+    "moga-sign": lambda m: MOGA(_groups(m, "sign", "embedding(q=2)"), lr=1e-3, nesterov=False),
     "moga-muon": lambda m: Muon(_groups(m, None, "embedding(q=2)"), lr=1e-3),
     "moga-adamw-scaled": lambda m: ScaledAdamW(_groups(m, None, "embedding(q=inf)", "adam"), lr=1e-3),
 }

@@ -51,30 +51,33 @@ class KernelOnly(torch.optim.Optimizer):
                         nesterov=False, weight_decay=0.0)
 
 
-def flag_supplied(params: list[torch.Tensor]) -> MOGA:
+def flag_supplied(params: list[torch.Tensor], nesterov: bool = False) -> MOGA:
     """MOGA handed the step's non-finite flag, so it makes no pass of its own over the gradients: a 0-d bool
     on the parameters' device, as ``moga train`` passes clipping's verdict (``step(found_inf=...)``), set the
     way ``torch.amp.GradScaler`` sets its own (the ``found_inf`` attribute), so that the plain ``step()`` the
     bench times reads it without a wrapper around the step."""
-    opt = MOGA(params, lr=1e-3, geometry="row(p=2)")
+    opt = MOGA(params, lr=1e-3, geometry="row(p=2)", nesterov=nesterov)
     opt.found_inf = torch.zeros((), dtype=torch.bool, device=params[0].device)
     return opt
 
 
+# MOGA's records name their momentum (plain, unless the name says Nesterov), so that each measures the
+# same step whatever MOGA's default.
 OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "torch-adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
     "torch-adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
     "torch-muon": lambda ps: torch.optim.Muon(ps, lr=1e-3, weight_decay=0.0),
-    "moga-row-p2": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)"),
-    "moga-row-p2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nonfinite="ignore"),
+    "moga-row-p2": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nesterov=False),
+    "moga-row-p2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nonfinite="ignore", nesterov=False),
     "moga-row-p2-flag": flag_supplied,
+    "moga-row-p2-nesterov-flag": lambda ps: flag_supplied(ps, nesterov=True),
     "moga-row-p2-kernel": lambda ps: KernelOnly(ps, lr=1e-3),
-    "moga-row-p1.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=1.5)"),
-    "moga-row-p2.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2.5)"),
-    "moga-col-q2": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)"),
-    "moga-col-q2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)", nonfinite="ignore"),
-    "moga-sign": lambda ps: MOGA(ps, lr=1e-3, geometry="sign"),
-    "moga-sign-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="sign", nonfinite="ignore"),
+    "moga-row-p1.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=1.5)", nesterov=False),
+    "moga-row-p2.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2.5)", nesterov=False),
+    "moga-col-q2": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)", nesterov=False),
+    "moga-col-q2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)", nonfinite="ignore", nesterov=False),
+    "moga-sign": lambda ps: MOGA(ps, lr=1e-3, geometry="sign", nesterov=False),
+    "moga-sign-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="sign", nonfinite="ignore", nesterov=False),
     "moga-muon": lambda ps: Muon(ps, lr=1e-3),
     "moga-adamw-scaled": lambda ps: ScaledAdamW(ps, lr=1e-3),
 }
@@ -159,10 +162,11 @@ def bench_optimizers(
 
 
 # The record each one is judged against beside fused AdamW: the kernel's targets, for the nocheck
-# records the same step with the non-finite check (their ratio is the check's cost), and for the plain
-# path (kernel="torch") the fused kernel.
+# records the same step with the non-finite check (their ratio is the check's cost), for the Nesterov
+# record the plain one (their ratio is Nesterov's cost), and for the plain path (kernel="torch") the fused kernel.
 PEERS = {"moga-muon": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
-         "moga-row-p2-nocheck": "moga-row-p2", "moga-row-p2-flag": "moga-row-p2-nocheck", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign",
+         "moga-row-p2-nocheck": "moga-row-p2", "moga-row-p2-flag": "moga-row-p2-nocheck",
+         "moga-row-p2-nesterov-flag": "moga-row-p2-flag", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign",
          "moga-row-p2-torch": "moga-row-p2"}
 
 
