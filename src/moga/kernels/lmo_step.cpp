@@ -11,7 +11,7 @@
 //   N  > 1 : "column mode", columns of stride N, normalized with two row-major sweeps (below).
 // Per row (or column) x, with d the direction (momentum EMA, Nesterov look-ahead or the gradient):
 //   pass A: update m, compute d, t = sign(d)|d|^(p-1) into scratch, S = sum |d|^p
-//           (for p = 2 without Nesterov t = d is the new m, or g, and stays there: no scratch);
+//           (for p = 2 t = d, which pass B makes again from g and the new m for float storage: no scratch);
 //           a = max |d| (rows: only where S alone cannot rule out a zero or out-of-range row, sure_in_range);
 //   pass B: W <- decay * W + f * t, with f = c / S^((p-1)/p) (c = -lr * geometry factor).
 // Each pass prefetches the other's streams (pass A W's row, pass B the next row's g and m): each pass
@@ -45,9 +45,11 @@ using at::vec::Vectorized;
 // vector that returned through memory (a quarter of the row step's time in perf).
 #if defined(__GNUC__) || defined(__clang__)
 #define MOGA_INLINE inline __attribute__((always_inline))
+#define MOGA_INLINE_LAMBDA __attribute__((always_inline))
 #define MOGA_NOINLINE __attribute__((noinline))
 #else
 #define MOGA_INLINE inline
+#define MOGA_INLINE_LAMBDA
 #define MOGA_NOINLINE
 #endif
 
@@ -313,8 +315,16 @@ inline void prefetch_for_write(const void* p) {
 #endif
 }
 
-// max |d| over a row, d made again as pass A made it: from g and the updated m kept in T (none without
-// momentum); NaN if any is NaN.
+// d at one vector of elements made again, bit for bit as pass A made it: from g and the updated m as
+// computed, in T (a bfloat16 m's unrounded copy; none without momentum).
+template <typename S, typename T>
+MOGA_INLINE Vectorized<T> direction_again(const S* g, const T* m, int64_t count, const Ema<T> ema) {
+  using V = Vectorized<T>;
+  const V mv = m ? V::loadu(m, count) : V(T(0));
+  return direction_of([&] { return load_as<T>(g, count); }, m ? &mv : nullptr, ema);
+}
+
+// max |d| over a row, d made again as pass A made it; NaN if any is NaN.
 template <typename S, typename T>
 MOGA_NOINLINE T row_peak(const S* g, const T* m, int64_t n, const Ema<T>& ema) {
   using V = Vectorized<T>;
@@ -322,9 +332,7 @@ MOGA_NOINLINE T row_peak(const S* g, const T* m, int64_t n, const Ema<T>& ema) {
   V peak(T(0));
   for (int64_t i = 0; i < n; i += L) {
     const int64_t cnt = std::min(L, n - i);
-    const V mv = m ? V::loadu(m + i, cnt) : V(T(0));
-    const V d = direction_of([&] { return load_as<T>(g + i, cnt); }, m ? &mv : nullptr, ema);
-    peak = at::vec::maximum(peak, d.abs());
+    peak = at::vec::maximum(peak, direction_again(g + i, m ? m + i : nullptr, cnt, ema).abs());
   }
   return horizontal_max(peak);
 }
@@ -375,17 +383,22 @@ void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c, bo
     return;
   } else {
     T* t = scratch<T>(n, 0);
-    // a bfloat16 m is rounded where it is stored: the rare second look at d needs it as it was computed
-    T* const m_kept = std::is_same_v<S, T> || m == nullptr ? nullptr : scratch<T>(n, 1);
-    const T* m_new;
-    if constexpr (std::is_same_v<S, T>) m_new = m;
-    else m_new = m_kept;
-    // For p = 2 without Nesterov t is d, which is the updated m (g without momentum) as stored when S == T:
-    // pass B reads it there, still in cache, instead of from a copy (docs/results.md, Benchmarks).
-    const T* t_in = t;
-    if constexpr (K == Kind::P2 && std::is_same_v<S, T>)
-      if (!cfg.nesterov) t_in = m ? m : g;
-    const bool copy_t = t_in == t;
+    // For p = 2, t is d. With float storage pass B makes d again from g and the updated m, both still in
+    // cache, instead of reading a copy (Nesterov's lerp costs less than a row stored and read back:
+    // docs/results.md, Benchmarks). bfloat16 storage rounds m where it is stored, so there t keeps d (making
+    // it again from g and m's float copy measured ~15% slower with Nesterov), and no float copy of m is kept.
+    constexpr bool copy_t = K != Kind::P2 || !std::is_same_v<S, T>;
+    // The rare second look at d makes it from g and the updated m as computed: a bfloat16 m's float copy,
+    // or for p = 2 d itself in t, read as an m without Nesterov.
+    T* const m_kept = std::is_same_v<S, T> || m == nullptr || K == Kind::P2 ? nullptr : scratch<T>(n, 1);
+    const T* m_new = m_kept;
+    Ema<T> again = ema;
+    if constexpr (std::is_same_v<S, T>) {
+      m_new = m;
+    } else if constexpr (K == Kind::P2) {
+      m_new = t;
+      again.nesterov = false;
+    }
     const V e = V(T(cfg.p - 1));
     V s(T(0));
     for (int64_t i = 0; i < n; i += L) {
@@ -393,14 +406,14 @@ void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c, bo
       prefetch_for_write(w + i);  // pass B's stream, in flight beside g and m: measured 2-13% faster
       V d = direction(g + i, m ? m + i : nullptr, cnt, ema, m_kept ? m_kept + i : nullptr);
       const V u = powered<T, K>(d, s, e);
-      if (copy_t) u.store(t + i, cnt);
+      if constexpr (copy_t) u.store(t + i, cnt);
     }
     const double total = horizontal_sum(s);
     // The maximum |d| only tells a zero row and an out-of-range one, and a sum well inside the range rules
     // out both: it is taken, in a second look at the row, only for the others (tracking it in pass A cost
     // 5-8% of the step).
     if (!sure_in_range<T>(total, n)) {
-      const double a = row_peak(g, m_new, n, ema);
+      const double a = row_peak(g, m_new, n, again);
       if (a == 0) {  // a zero row: only the decay
         for (int64_t i = 0; i < n; i += L) {
           const int64_t cnt = std::min(L, n - i);
@@ -409,18 +422,29 @@ void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c, bo
         return;
       }
       if (!in_range<T>(total, a, cfg.p)) {
-        exact_row(g, m_new, w, n, ema, cfg, c, t, scratch<T>(n, 1));
+        exact_row(g, m_new, w, n, again, cfg, c, t, scratch<T>(n, 1));  // d into t: t[i] from m_new[i] only
         return;
       }
     }
     const V f(T(factor(total, cfg.p, c, K)));
-    for (int64_t i = 0; i < n; i += L) {
-      const int64_t cnt = std::min(L, n - i);
-      if (next_row) {  // the next row's pass A streams, in flight during this pass (docs/results.md)
-        prefetch_for_read(g + n + i);
-        if (m) prefetch_for_write(m + n + i);
+    // pass B, t at element i from t_at: a loop of its own for each source of t, no choice per vector
+    auto pass_b = [&](auto t_at) {
+      for (int64_t i = 0; i < n; i += L) {
+        const int64_t cnt = std::min(L, n - i);
+        if (next_row) {  // the next row's pass A streams, in flight during this pass (docs/results.md)
+          prefetch_for_read(g + n + i);
+          if (m) prefetch_for_write(m + n + i);
+        }
+        store_as(at::vec::fmadd(f, t_at(i, cnt), load_as<T>(w + i, cnt) * decay), w + i, cnt);
       }
-      store_as(at::vec::fmadd(f, V::loadu(t_in + i, cnt), load_as<T>(w + i, cnt) * decay), w + i, cnt);
+    };
+    if constexpr (copy_t) {
+      pass_b([&](int64_t i, int64_t cnt) MOGA_INLINE_LAMBDA { return V::loadu(t + i, cnt); });
+    } else if (m != nullptr && ema.nesterov) {
+      pass_b([&](int64_t i, int64_t cnt) MOGA_INLINE_LAMBDA { return direction_again(g + i, m + i, cnt, ema); });
+    } else {  // d is the updated m as stored, or g
+      const T* d = m != nullptr ? m : g;
+      pass_b([&](int64_t i, int64_t cnt) MOGA_INLINE_LAMBDA { return V::loadu(d + i, cnt); });
     }
   }
 }
