@@ -264,9 +264,9 @@ def test_a_contrastive_model_declares_its_multipliers_and_the_users_win():
 def test_a_contrastive_models_multipliers_win_over_moga_presets(monkeypatch):
     """Defaults stack: the preset's, then the model kind's (a contrastive model's 1/8), then the user's."""
     from moga.optim import MOGA
-    from moga.optim.multipliers import PRESETS
+    from moga.optim.multipliers import PRESETS, Preset
 
-    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.0625, "readout": 0.5})
+    monkeypatch.setitem(PRESETS, "default", Preset({"embedding": 0.0625, "readout": 0.5}))
     multipliers = {g["role"]: g["lr_multiplier"] for g in MOGA(TwoTowers(), lr=0.1).param_groups}
     assert multipliers == {"embedding": 0.125, "vector": 0.125, "hidden": 1.0, "readout": 0.5}
     multipliers = {g["role"]: g["lr_multiplier"]

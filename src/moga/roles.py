@@ -127,11 +127,14 @@ class RolePlan:
         self.lr_reason = lr_reason
         self.optimizer_multipliers: dict[str, float] | None = None  # {role: multiplier} an optimizer applied
         self.preset: str | None = None  # the optimizer's preset, when it has one
+        self.momentum: str | None = None  # the optimizer's momentum, in words, when it has one
 
-    def with_multipliers(self, multipliers: Mapping[str, float], preset: str | None = None) -> RolePlan:
-        """A copy that prints each parameter's lr multiplier (an optimizer's, role by role) and its preset."""
+    def with_multipliers(self, multipliers: Mapping[str, float], preset: str | None = None,
+                         momentum: str | None = None) -> RolePlan:
+        """A copy that prints each parameter's lr multiplier (an optimizer's, role by role), its preset and its
+        momentum (e.g. "EMA 0.9, Nesterov")."""
         plan = copy.copy(self)
-        plan.optimizer_multipliers, plan.preset = dict(multipliers), preset
+        plan.optimizer_multipliers, plan.preset, plan.momentum = dict(multipliers), preset, momentum
         return plan
 
     def __iter__(self):
@@ -194,6 +197,9 @@ class RolePlan:
         if self.lr_multipliers:
             scaled = ", ".join(f"{role} x{m:g}" for role, m in self.lr_multipliers.items())
             notes.append(f"note: learning rate {scaled}: {self.lr_reason}")
+        if self.momentum is not None:
+            source = " (nesterov= sets it; left unset, the preset's)" if self.preset is not None else ""
+            notes.append(f"momentum: {self.momentum}{source}")
         if lrs is not None:
             preset = f"MOGA's preset {self.preset!r}, " if self.preset is not None else ""
             notes.append(f"lr x: each parameter steps at lr times its role's multiplier ({preset}lr_multipliers= "

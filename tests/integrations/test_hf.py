@@ -31,7 +31,8 @@ def test_create_optimizer_reads_training_arguments(tmp_path):
     assert isinstance(opt, MOGA) and opt.plan["lm_head.weight"].role == "tied"
     for group in opt.param_groups:  # learning_rate is the base lr; MOGA's default preset scales the tables' (wpe)
         assert (group["lr"], group["betas"], group["eps"]) == \
-            (LR * PRESETS["default"].get(group["role"], 1.0), (0.8, 0.95), 1e-6)
+            (LR * PRESETS["default"].lr_multipliers.get(group["role"], 1.0), (0.8, 0.95), 1e-6)
+        assert group["nesterov"] == PRESETS["default"].nesterov  # MOGA's default momentum: args set no momentum
         assert base_lr(group) == LR
         assert group["weight_decay"] == (0.0 if group["role"] == "vector" else 0.1)
     assert {g["geometry"] for g in opt.param_groups if g["role"] == "hidden"} == {"row(p=2.5)"}

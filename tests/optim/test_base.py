@@ -18,7 +18,8 @@ FACTORIES = {
     "moga-row-p2": lambda m, **kw: MOGA(m, lr=0.05, overrides=TINY_OVERRIDES, **kw),
     "moga-row-p1.5-nesterov-wd": lambda m, **kw: MOGA(m, lr=0.05, p=1.5, nesterov=True, weight_decay=0.1,
                                                       overrides=TINY_OVERRIDES, **kw),
-    "moga-row-p2.5-sign-vectors": lambda m, **kw: MOGA(m, lr=0.05, p=2.5, vectors="sign", overrides=TINY_OVERRIDES, **kw),
+    "moga-row-p2.5-sign-vectors-plain": lambda m, **kw: MOGA(m, lr=0.05, p=2.5, vectors="sign", nesterov=False,
+                                                             overrides=TINY_OVERRIDES, **kw),  # the papers' momentum
     "moga-col-q2": lambda m, **kw: MOGA(m, lr=0.05, geometries={"hidden": "col(q=2)", "readout": "col(q=2)"},
                                         overrides=TINY_OVERRIDES, **kw),
     "moga-sign": lambda m, **kw: MOGA(m, lr=0.05, geometries={"hidden": "sign", "conv": "sign"},

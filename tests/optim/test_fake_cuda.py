@@ -42,6 +42,7 @@ def fake_net(dtype: torch.dtype) -> nn.Module:
 
 OPTIMIZERS = {
     "moga": lambda m, **kw: MOGA(m, **kw),
+    "moga-plain": lambda m, **kw: MOGA(m, nesterov=False, **kw),  # the papers' momentum (the default's: Nesterov)
     "moga-ignore": lambda m, **kw: MOGA(m, nonfinite="ignore", **kw),
     "moga-p1.5-sign": lambda m, **kw: MOGA(m, p=1.5, vectors="sign", **kw),
     "moga-p-inf": lambda m, **kw: MOGA(m, p=float("inf"), **kw),
@@ -58,16 +59,18 @@ PRECISIONS = {
 
 # Device ops of one steady-state step (the second), measured; lower is better, more fails.
 BUDGET = {  # (optimizer, kernel): ops for fp32, bf16, bf16-master, bf16-state
-    ('moga', 'torch'): (183, 373, 383, 211),
-    ('moga', 'auto'): (26, 373, 383, 26),
-    ('moga-ignore', 'torch'): (146, 257, 267, 158),
-    ('moga-ignore', 'auto'): (18, 257, 267, 18),
-    ('moga-p1.5-sign', 'torch'): (242, 292, 302, 312),
-    ('moga-p1.5-sign', 'auto'): (85, 292, 302, 127),
-    ('moga-p-inf', 'torch'): (144, 334, 344, 172),
-    ('moga-p-inf', 'auto'): (103, 334, 344, 124),
-    ('moga-col', 'torch'): (183, 373, 383, 211),
-    ('moga-col', 'auto'): (26, 373, 383, 26),
+    ('moga', 'torch'): (195, 385, 395, 223),
+    ('moga', 'auto'): (26, 385, 395, 26),
+    ('moga-plain', 'torch'): (183, 373, 383, 211),
+    ('moga-plain', 'auto'): (26, 373, 383, 26),
+    ('moga-ignore', 'torch'): (150, 261, 271, 162),
+    ('moga-ignore', 'auto'): (18, 261, 271, 18),
+    ('moga-p1.5-sign', 'torch'): (272, 322, 332, 342),
+    ('moga-p1.5-sign', 'auto'): (103, 322, 332, 145),
+    ('moga-p-inf', 'torch'): (156, 346, 356, 184),
+    ('moga-p-inf', 'auto'): (112, 346, 356, 133),
+    ('moga-col', 'torch'): (195, 385, 395, 223),
+    ('moga-col', 'auto'): (26, 385, 395, 26),
     ('muon', 'torch'): (353, 543, 553, 381),
     ('muon', 'auto'): (309, 543, 553, 330),
     ('scaled-adamw', 'torch'): (37, 342, 352, 37),

@@ -13,7 +13,7 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
 
 from moga.models.gpt import GPT, GPTConfig
 from moga.optim import MOGA, Muon, ScaledAdamW
-from moga.optim.multipliers import PRESETS, base_lr
+from moga.optim.multipliers import PAPER, PRESETS, Preset, base_lr
 
 from .tinynet import TINY_OVERRIDES, TinyNet, tiny_loss
 
@@ -193,8 +193,8 @@ def run_gpt(model, opt, steps):
 
 @pytest.fixture
 def scaled_default(monkeypatch):
-    """A default preset with multipliers, as the default may become: embedding and a role the GPT lacks."""
-    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.25, "conv": 3.0})
+    """A default preset with other multipliers: embedding and a role the GPT lacks."""
+    monkeypatch.setitem(PRESETS, "default", Preset({"embedding": 0.25, "conv": 3.0}, nesterov=True))
     return PRESETS["default"]
 
 
@@ -208,31 +208,57 @@ def test_the_preset_reaches_the_param_groups_and_the_printed_plan(scaled_default
     assert table[2].split()[0] == "wte.weight" and table[2].split()[-1] == "0.25"
     assert next(line for line in table if line.startswith("lm_head.weight")).split()[-1] == "1"
     assert "MOGA's preset 'default'" in table[-1]
+    assert table[-2].startswith("momentum: EMA 0.9, Nesterov")
     paper = MOGA(tiny_gpt(), lr=LR, preset="paper")
-    assert {g["preset"] for g in paper.param_groups} == {"paper"}
+    assert {(g["preset"], g["nesterov"]) for g in paper.param_groups} == {("paper", False)}
     assert all("lr_multiplier" not in g and g["lr"] == LR for g in paper.param_groups)
+    assert str(paper.plan).splitlines()[-2].startswith("momentum: EMA 0.9, plain")
 
 
-def test_paper_and_default_differ_only_where_the_default_scales_the_lr():
-    """One step from the same weights (so the same gradients): the roles the default leaves at lr land on the
-    paper's bits, the tables (at lr / 16 by default) elsewhere."""
-    a, b = tiny_gpt(), tiny_gpt()
-    paper, default = MOGA(a, lr=LR, preset="paper"), MOGA(b, lr=LR, preset="default")
-    run_gpt(a, paper, 1)
-    run_gpt(b, default, 1)
-    assert PRESETS["default"] == {"embedding": 1 / 16}
-    roles = roles_of(default)
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
-        assert torch.equal(p, q) == (roles[n] != "embedding"), n
+def test_the_default_is_the_tables_at_a_sixteenth_with_nesterov_momentum():
+    assert PRESETS["default"] == Preset({"embedding": 1 / 16}, nesterov=True)
+    assert PRESETS["paper"] == PAPER == Preset({}, nesterov=False)
 
 
-def test_the_default_preset_is_the_paper_with_its_multipliers_applied():
-    """Whatever the default's multipliers are, the default is the paper's step with them passed by hand."""
-    a, b = tiny_gpt(), tiny_gpt()
-    run_gpt(a, MOGA(a, lr=LR), 3)
-    run_gpt(b, MOGA(b, lr=LR, preset="paper", lr_multipliers=dict(PRESETS["default"]) or None), 3)
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
-        assert torch.equal(p, q), n
+def gpt_after(steps=3, **kw):
+    model = tiny_gpt()
+    run_gpt(model, MOGA(model, lr=LR, **kw), steps)
+    return dict(model.named_parameters())
+
+
+def assert_same_bits(a, b):
+    for n, p in a.items():
+        assert torch.equal(p, b[n]), n
+
+
+def test_the_default_steps_as_the_paper_with_its_options_passed_by_hand():
+    """MOGA's default is the paper's step with the tables at lr/16 and Nesterov momentum, bit for bit; with
+    plain momentum instead, every matrix lands elsewhere (from the second step on: on the first, Nesterov's
+    direction is a multiple of plain momentum's, and MOGA's matrix LMOs do not see the scale)."""
+    default = gpt_after()
+    assert_same_bits(default, gpt_after(preset="paper", lr_multipliers={"embedding": 1 / 16}, nesterov=True))
+    plain = gpt_after(preset="paper", lr_multipliers={"embedding": 1 / 16})
+    assert all(not torch.equal(p, plain[n]) for n, p in default.items() if p.dim() == 2)
+
+
+def test_the_paper_preset_steps_with_plain_momentum():
+    """The paper's preset is the default with both of its options undone; its groups say plain momentum."""
+    paper = gpt_after(preset="paper")
+    assert_same_bits(paper, gpt_after(lr_multipliers={"embedding": 1.0}, nesterov=False))
+    nesterov = gpt_after(preset="paper", nesterov=True)
+    assert any(not torch.equal(p, nesterov[n]) for n, p in paper.items())
+
+
+def test_a_users_nesterov_wins_over_the_presets():
+    """nesterov=False under the default: the tables keep lr/16, the momentum is plain; nesterov=True under the
+    paper's preset: Nesterov. None (the default argument) takes the preset's."""
+    model = tiny_gpt()
+    assert {g["nesterov"] for g in MOGA(model, lr=LR, nesterov=False).param_groups} == {False}
+    assert {g["nesterov"] for g in MOGA(model, lr=LR, preset="paper", nesterov=True).param_groups} == {True}
+    assert {g["nesterov"] for g in MOGA(model, lr=LR, nesterov=None).param_groups} == {True}
+    assert_same_bits(gpt_after(nesterov=False), gpt_after(preset="paper", lr_multipliers={"embedding": 1 / 16}))
+    with pytest.raises(ValueError, match="nesterov must be True or False"):
+        MOGA(model, lr=LR, nesterov="yes")
 
 
 def test_a_user_multiplier_overrides_the_presets_role_by_role(scaled_default):
@@ -248,10 +274,14 @@ def test_a_user_multiplier_overrides_the_presets_role_by_role(scaled_default):
 
 
 def test_torch_style_param_groups_take_no_preset_multipliers(scaled_default):
-    """Param groups have no roles: the preset cannot apply; it is no error, and each group keeps its lr."""
+    """Param groups have no roles: the preset's multipliers cannot apply (no error, each group keeps its lr); its
+    momentum, which needs no role, does."""
     model = tiny_gpt()
     opt = MOGA([{"params": [model.wte.weight], "geometry": "embedding(q=2)", "layout": "io"}], lr=LR)
     assert opt.param_groups[0]["lr"] == LR and "lr_multiplier" not in opt.param_groups[0] and opt.plan is None
+    assert opt.param_groups[0]["nesterov"] is True
+    paper = MOGA([{"params": [model.wte.weight], "geometry": "embedding(q=2)", "layout": "io"}], lr=LR, preset="paper")
+    assert paper.param_groups[0]["nesterov"] is False
 
 
 @pytest.mark.parametrize("bad", ["Paper", "papers", "", None, 1])
@@ -264,8 +294,9 @@ def test_a_bad_preset_is_a_clear_error_naming_the_presets(bad):
 
 
 def test_state_dict_round_trip_keeps_the_presets_group_lrs(scaled_default):
-    """Saved under a scaled default and loaded into a paper-preset optimizer: the groups' lrs, multipliers and
-    preset come back with the state (as for lr_multipliers), and the next steps match the uninterrupted run."""
+    """Saved under a scaled default and loaded into a paper-preset optimizer: the groups' lrs, multipliers,
+    preset and momentum come back with the state (as for lr_multipliers), and the next steps match the
+    uninterrupted run (so a checkpoint keeps the momentum it ran, whatever the default has become)."""
     model = tiny_gpt()
     opt = MOGA(model, lr=LR)
     sched = CosineAnnealingLR(opt, T_max=6, eta_min=1e-4)
@@ -282,9 +313,11 @@ def test_state_dict_round_trip_keeps_the_presets_group_lrs(scaled_default):
     sched2 = CosineAnnealingLR(opt2, T_max=6, eta_min=1e-4)
     opt2.load_state_dict(saved["opt"])
     sched2.load_state_dict(saved["sched"])
-    assert [(g["lr"], g["initial_lr"], g["lr_multiplier"], g["preset"]) for g in opt2.param_groups] == \
-        [(g["lr"], g["initial_lr"], g["lr_multiplier"], g["preset"]) for g in opt.param_groups]
-    assert "0.25" in str(opt2.plan).splitlines()[2]  # the printed plan follows the loaded groups
+    keys = ("lr", "initial_lr", "lr_multiplier", "preset", "nesterov")
+    assert [[g[k] for k in keys] for g in opt2.param_groups] == [[g[k] for k in keys] for g in opt.param_groups]
+    assert {g["nesterov"] for g in opt2.param_groups} == {True}
+    table = str(opt2.plan).splitlines()  # the printed plan follows the loaded groups
+    assert "0.25" in table[2] and table[-2].startswith("momentum: EMA 0.9, Nesterov")
     for _ in range(2):
         run_gpt(model, opt, 1)
         sched.step()

@@ -1,5 +1,6 @@
 """The store's errors a user can act on: a damaged sweep.db, a directory with no sweep; a report from it."""
 
+import json
 import shutil
 
 import pytest
@@ -120,32 +121,96 @@ def test_a_preset_is_compared_by_what_it_runs(tmp_path, monkeypatch):
     """Pinning optim.preset: paper on a sweep stored while the default was the paper's extends it (a reproduction
     pinned after its store was made). Once the default changes, a store that ran the old default is refused, and
     pinning paper, what its cells ran, extends it again."""
-    from moga.optim.multipliers import PRESETS
+    from moga.optim.multipliers import PAPER, PRESETS, Preset
     from moga.sweep.spec import SweepError
 
-    monkeypatch.setitem(PRESETS, "default", {})  # a sweep stored while the default was the paper's choice
+    monkeypatch.setitem(PRESETS, "default", PAPER)  # a sweep stored while the default was the paper's choice
+    SweepStore(tmp_path / "on-default").create_or_check(moga_sweep())
     store = SweepStore(tmp_path / "sweep")
     store.create_or_check(moga_sweep())
     assert store.create_or_check(moga_sweep(preset="paper")) == {"added": 0, "dropped": 0}
     assert "moga_default_preset" not in store.definition()  # the default is the paper's: nothing to record
-    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.0625})  # the default changes
-    with pytest.raises(SweepError, match=r"optim.preset \(MOGA's lr multipliers none -> {'embedding': 0.0625}\)"):
+    monkeypatch.setitem(PRESETS, "default", Preset({"embedding": 0.0625}, nesterov=True))  # the default changes
+    with pytest.raises(SweepError, match=r"its base config changed: optim.preset \(MOGA's lr multipliers none -> "
+                       r"{'embedding': 0.0625}, MOGA's momentum plain -> Nesterov\)"):  # the stored base pins paper
         SweepStore(tmp_path / "sweep").create_or_check(moga_sweep(preset="default"))
     store = SweepStore(tmp_path / "sweep")
     assert store.create_or_check(moga_sweep(preset="paper")) == {"added": 0, "dropped": 0}
-    assert store.definition()["moga_default_preset"] == {"embedding": 0.0625}
+    assert store.definition()["moga_default_preset"] == {"lr_multipliers": {"embedding": 0.0625}, "nesterov": True}
+    with pytest.raises(SweepError, match=r"and its base runs the default: its finished MOGA cells ran the old one "
+                       r"\(optim.preset: paper in its base runs what they ran\)"):  # a base left on the default
+        SweepStore(tmp_path / "on-default").create_or_check(moga_sweep())
+    assert SweepStore(tmp_path / "on-default").create_or_check(moga_sweep(preset="paper")) == {"added": 0, "dropped": 0}
+
+
+def old_default_store(path, monkeypatch):
+    """A store written before the default took Nesterov momentum: it ran the tables at lr/16 with plain momentum,
+    and recorded the default as its multipliers alone (the record of that version)."""
+    import sqlite3
+
+    from moga.optim.multipliers import PRESETS, Preset
+
+    default = PRESETS["default"]
+    monkeypatch.setitem(PRESETS, "default", Preset({"embedding": 0.0625}, nesterov=False))
+    store = SweepStore(path)
+    store.create_or_check(moga_sweep())
+    monkeypatch.setitem(PRESETS, "default", default)
+    definition = {**store.definition(), "moga_default_preset": {"embedding": 0.0625}}
+    with sqlite3.connect(store.path) as con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'sweep'", (json.dumps(definition),))
+    con.close()
+    return SweepStore(path)
+
+
+def test_a_store_of_the_default_before_nesterov_is_refused_and_extends_with_nesterov_off(tmp_path, monkeypatch):
+    """An old record (multipliers alone) reads as plain momentum: its cells on the default ran what the default
+    with nesterov off runs now, so pinning that extends the store (every cell is MOGA), and nothing else does."""
+    from moga.sweep.spec import SweepError
+
+    store = old_default_store(tmp_path / "sweep", monkeypatch)
+    with pytest.raises(SweepError, match=r"default preset changed since it was stored \(MOGA's momentum plain -> "
+                       r"Nesterov\), and its base runs the default: its finished MOGA cells ran the old one "
+                       r"\(optim.nesterov: false in its base runs what they ran\)"):
+        store.create_or_check(moga_sweep())
+    with pytest.raises(SweepError, match=r"its base config changed: optim.preset \(MOGA's lr multipliers "
+                       r"{'embedding': 0.0625} -> none\)"):
+        store.create_or_check(moga_sweep(preset="paper"))
+    with pytest.raises(SweepError, match=r"its base config changed: optim.nesterov \(MOGA's momentum plain -> "
+                       r"Nesterov\)"):
+        store.create_or_check(moga_sweep(nesterov=True))
+    assert store.create_or_check(moga_sweep(nesterov=False)) == {"added": 0, "dropped": 0}
+    assert store.definition()["moga_default_preset"] == {"lr_multipliers": {"embedding": 0.0625}, "nesterov": True}
+
+
+def test_a_mixed_sweeps_base_nesterov_is_compared_as_a_key(tmp_path, monkeypatch):
+    """With Muon cells too, the base's nesterov reaches Muon: pinning it on a store of the old default changes
+    what Muon's cells run, so it is refused."""
+    from moga.optim.multipliers import PRESETS, Preset
+    from moga.sweep.spec import SweepError
+
+    default = PRESETS["default"]
+    monkeypatch.setitem(PRESETS, "default", Preset({"embedding": 0.0625}, nesterov=False))
+    store = SweepStore(tmp_path / "sweep")
+    store.create_or_check(moga_sweep({"optim.name": ["moga", "muon"]}))
+    monkeypatch.setitem(PRESETS, "default", default)
+    with pytest.raises(SweepError, match=r"MOGA's momentum plain -> Nesterov\), and its base runs the default: its "
+                       r"finished MOGA cells ran the old one\)"):
+        store.create_or_check(moga_sweep({"optim.name": ["moga", "muon"]}))
+    with pytest.raises(SweepError, match=r"\(its base config changed: optim.nesterov\);"):
+        store.create_or_check(moga_sweep({"optim.name": ["moga", "muon"]}, nesterov=False))
 
 
 def test_a_preset_axis_on_the_default_is_refused_once_the_default_changed(tmp_path, monkeypatch):
-    from moga.optim.multipliers import PRESETS
+    from moga.optim.multipliers import PRESETS, Preset
     from moga.sweep.spec import SweepError
 
-    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.0625})
+    monkeypatch.setitem(PRESETS, "default", Preset({"embedding": 0.0625}))
     store = SweepStore(tmp_path / "sweep")
     store.create_or_check(moga_sweep({"optim.preset": ["paper", "default"]}, preset="paper"))
     assert store.create_or_check(moga_sweep({"optim.preset": ["paper", "default"]}, preset="paper")) == \
         {"added": 0, "dropped": 0}
-    monkeypatch.setitem(PRESETS, "default", {"embedding": 0.125})
-    with pytest.raises(SweepError, match="default preset changed since it was stored .* axis runs 'default'"):
+    monkeypatch.setitem(PRESETS, "default", Preset({"embedding": 0.0625}, nesterov=True))
+    with pytest.raises(SweepError, match=r"default preset changed since it was stored \(MOGA's momentum plain -> "
+                       r"Nesterov\), and its optim.preset axis runs 'default'"):
         store.create_or_check(moga_sweep({"optim.preset": ["paper", "default"]}, preset="paper"))
     assert store.create_or_check(moga_sweep({"optim.preset": ["paper"]}, preset="paper"))["dropped"] == 1

@@ -283,7 +283,7 @@ def test_a_preset_reaches_the_optimizer_and_hashes_by_what_it_runs(monkeypatch):
     """optim.preset builds (every optimizer accepts it: a reproduction pins it for all it sweeps), reaches MOGA's
     groups, and a bad name is a config error listing the presets. The hash follows the multipliers, not the
     name: paper and default hash alike while they are the same, and apart once the default has its own."""
-    from moga.optim.multipliers import PRESETS
+    from moga.optim.multipliers import PAPER, PRESETS, Preset
     from moga.train.build import build_model, build_optimizer
 
     cfg = build_config(tiny(optim={"preset": "paper"}))
@@ -295,14 +295,87 @@ def test_a_preset_reaches_the_optimizer_and_hashes_by_what_it_runs(monkeypatch):
         build_config(tiny(optim={"name": name, "preset": "paper"}))
     with pytest.raises(ConfigError, match="optim.preset: Input should be 'default' or 'paper'"):
         build_config(tiny(optim={"preset": "papers"}))
-    monkeypatch.setitem(PRESETS, "default", {})  # while the default is the paper's choice
+    monkeypatch.setitem(PRESETS, "default", PAPER)  # while the default is the paper's choice
     unset, paper, default = (build_config(tiny(optim=o)).hash() for o in ({}, {"preset": "paper"}, {"preset": "default"}))
     assert unset == paper == default
-    monkeypatch.setitem(PRESETS, "default", {"input": 0.5})
-    assert build_config(tiny()).hash() == build_config(tiny(optim={"preset": "default"})).hash() != \
-        build_config(tiny(optim={"preset": "paper"})).hash() == paper
+    for changed in (Preset({"input": 0.5}), Preset({}, nesterov=True)):  # a default with other multipliers, momentum
+        monkeypatch.setitem(PRESETS, "default", changed)
+        assert build_config(tiny()).hash() == build_config(tiny(optim={"preset": "default"})).hash() != \
+            build_config(tiny(optim={"preset": "paper"})).hash() == paper
     adamw = {"name": "adamw", "lr": 1e-3}  # an optimizer without presets: no change
     assert build_config(tiny(optim=adamw)).hash() == build_config(tiny(optim={**adamw, "preset": "paper"})).hash()
+
+
+def optimizer_of(optim: dict):
+    from moga.train.build import build_model, build_optimizer
+
+    cfg = build_config(tiny(optim=optim))
+    return build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+
+
+def test_an_unset_nesterov_is_the_presets_for_moga_and_each_optimizers_own_default_for_the_others():
+    """optim.nesterov unset: MOGA takes its preset's (default: Nesterov; paper: plain); Muon keeps its own (on),
+    torch's SGD its own (off). Set, it wins everywhere."""
+    assert {g["nesterov"] for g in optimizer_of({}).param_groups} == {True}
+    assert {g["nesterov"] for g in optimizer_of({"preset": "paper"}).param_groups} == {False}
+    assert {g["nesterov"] for g in optimizer_of({"nesterov": False}).param_groups} == {False}
+    assert {g["nesterov"] for g in optimizer_of({"preset": "paper", "nesterov": True}).param_groups} == {True}
+    assert {g["nesterov"] for g in optimizer_of({"name": "muon"}).param_groups} == {True}
+    assert {g["nesterov"] for g in optimizer_of({"name": "muon", "preset": "paper"}).param_groups} == {True}
+    assert {g["nesterov"] for g in optimizer_of({"name": "sgd", "momentum": 0.9}).param_groups} == {False}
+
+
+# Hashes of the tests' tiny config on main before MOGA's default took Nesterov momentum (commit 61f8c61), when
+# the default was the embedding tables at lr/16 with plain momentum.
+BEFORE_NESTEROV = {
+    "paper": ({"preset": "paper"}, "cf8b08ecb06c28ee"),
+    "paper, nesterov off": ({"preset": "paper", "nesterov": False}, "2032c6f8392ae047"),
+    "paper, nesterov on": ({"preset": "paper", "nesterov": True}, "d1b45474ce0f84b9"),
+    "paper, tables at 1/16": ({"preset": "paper", "lr_multipliers": {"embedding": 0.0625}}, "bb810d607bea7eb3"),
+    "paper, tables, nesterov": ({"preset": "paper", "lr_multipliers": {"embedding": 0.0625}, "nesterov": True},
+                                "38e0ee9734398d21"),
+    "default, nesterov on": ({"nesterov": True}, "5fbabaa0eaa6e8fd"),
+    "muon": ({"name": "muon"}, "cd464e27c8078838"),
+    "sgd": ({"name": "sgd", "momentum": 0.9}, "7d288ea8f0a0fd03"),
+}
+DEFAULT_BEFORE_NESTEROV = "abd0fae829163ab8"  # tiny() on the default (tables at lr/16, plain momentum)
+
+
+@pytest.mark.parametrize("case", BEFORE_NESTEROV)
+def test_a_config_that_runs_what_it_ran_before_the_default_took_nesterov_keeps_its_hash(case):
+    optim, before = BEFORE_NESTEROV[case]
+    assert build_config(tiny(optim=optim)).hash() == before
+
+
+def test_the_default_hashes_by_its_momentum():
+    """A config left on the default gets a new hash, that of the default with nesterov on, the same run; the
+    default with nesterov off runs what the default ran before, and has its hash."""
+    default = build_config(tiny()).hash()
+    assert default != DEFAULT_BEFORE_NESTEROV and default == BEFORE_NESTEROV["default, nesterov on"][1]
+    assert build_config(tiny(optim={"nesterov": False})).hash() == DEFAULT_BEFORE_NESTEROV
+
+
+def test_hash_diff_names_the_setting_that_resumes_a_run_of_an_earlier_default(monkeypatch):
+    """No key differs between a run's config and the same config now; the hash moved with MOGA's default. The
+    message names the setting that gives the run's hash back, tried, not guessed, and says when none does."""
+    from moga.optim.multipliers import PAPER, PRESETS, Preset
+    from moga.train.config import hash_diff
+
+    default, cfg = PRESETS["default"], build_config(tiny())
+    stored = {}
+    for era, was in (("papers", PAPER), ("tables", Preset({"embedding": 1 / 16}, nesterov=False))):
+        monkeypatch.setitem(PRESETS, "default", was)
+        stored[era] = cfg.hash(), build_config(tiny(optim={"nesterov": False})).hash()
+    monkeypatch.setitem(PRESETS, "default", default)
+    for era, setting, optim in (("papers", "optim.preset=paper", {"preset": "paper"}),
+                                ("tables", "optim.nesterov=false", {"nesterov": False})):
+        [why] = hash_diff(cfg, cfg, stored[era][0])
+        assert "no key differs" in why and "Nesterov momentum" in why and why.endswith(f"resumes with {setting}")
+        assert build_config(tiny(optim=optim)).hash() == stored[era][0]  # the setting does give the hash back
+    plain = build_config(tiny(optim={"nesterov": False}))  # nesterov off, set under the tables' default
+    assert "no setting of this version reproduces the run's hash" in hash_diff(plain, plain, stored["tables"][1])[0]
+    assert "optim.preset=paper" in hash_diff(cfg, cfg)[0] and "optim.nesterov=false" in hash_diff(cfg, cfg)[0]
+    assert hash_diff(cfg, build_config(tiny(optim={"lr": 0.5}))) == ["optim.lr: 0.05 -> 0.5"]
 
 
 def test_a_run_with_lr_multipliers_logs_the_base_lr(tmp_path):

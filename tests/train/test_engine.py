@@ -93,19 +93,26 @@ def test_another_config_is_refused_with_the_differing_keys(tmp_path):
     assert "model.depth: 2 -> 3" in str(e.value) and "train.batch_size: 32 -> 16" in str(e.value)
 
 
-def test_a_run_from_before_a_change_of_mogas_default_is_refused_with_the_preset_to_resume_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("era", ["papers", "tables"])
+def test_a_run_from_before_a_change_of_mogas_default_is_refused_with_the_setting_to_resume_it(tmp_path, monkeypatch,
+                                                                                               era):
     """A config on MOGA's default preset hashes what the preset runs: after a change of the default, a run made
-    before it (finished or half done) is refused, with no key to show but the preset that resumes it."""
+    before it (finished or half done) is refused, with no key to show but the setting that resumes it: the
+    paper's preset for a run of the papers' default, nesterov off for one of the tables at lr/16 with plain
+    momentum (the default before it took Nesterov's)."""
     from moga.optim import multipliers
 
-    monkeypatch.setitem(multipliers.PRESETS, "default", {})  # the default before the change: the papers' choice
+    was, setting, optim = {"papers": (multipliers.PAPER, "optim.preset=paper", {"preset": "paper"}),
+                           "tables": (multipliers.Preset({"embedding": 1 / 16}), "optim.nesterov=false",
+                                      {"nesterov": False})}[era]
+    monkeypatch.setitem(multipliers.PRESETS, "default", was)
     run(tiny(), tmp_path / "done")
     run(tiny(), tmp_path / "half", stop_at=4)
-    monkeypatch.setitem(multipliers.PRESETS, "default", {"embedding": 1 / 16})
+    monkeypatch.setitem(multipliers.PRESETS, "default", multipliers.DEFAULT)
     for run_dir in ("done", "half"):
-        with pytest.raises(CheckpointError, match="optim.preset=paper"):
+        with pytest.raises(CheckpointError, match=f"resumes with {setting}"):
             run(tiny(), tmp_path / run_dir)
-    assert run(tiny(optim={"preset": "paper"}), tmp_path / "half")["status"] == "finished"
+    assert run(tiny(optim=optim), tmp_path / "half")["status"] == "finished"
 
 
 def test_corrupted_and_foreign_checkpoints_are_reported(tmp_path):

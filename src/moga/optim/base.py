@@ -164,11 +164,23 @@ class GeometryOptimizer(Optimizer):
             raise
 
     def _show_multipliers(self) -> None:
-        """``print(opt.plan)`` shows each role's lr multiplier as the groups hold it (a copy of the plan: one
-        plan may serve several optimizers)."""
+        """``print(opt.plan)`` shows each role's lr multiplier and the steepest-descent groups' momentum as the
+        groups hold them (a copy of the plan: one plan may serve several optimizers)."""
         if self.plan is not None:
             lrs = {g["role"]: g.get("lr_multiplier", 1.0) for g in self.param_groups if "role" in g}
-            self.plan = self.plan.with_multipliers(lrs, self.preset)
+            self.plan = self.plan.with_multipliers(lrs, self.preset, self._momentum_in_words())
+
+    def _momentum_in_words(self) -> str | None:
+        """E.g. "EMA 0.9, Nesterov" for the lmo groups (Adam's groups have their betas), None without any."""
+        words = {}
+        for g in self.param_groups:
+            if g["update"] == "lmo":
+                kind = "Nesterov" if g["nesterov"] else "plain"
+                words.setdefault(f"EMA {g['momentum']:g}, {kind}" if g["momentum"] > 0 else "none", []).append(
+                    g.get("role", "?"))
+        if len(words) <= 1:
+            return next(iter(words), None)
+        return "; ".join(f"{', '.join(dict.fromkeys(roles))}: {w}" for w, roles in words.items())
 
     @property
     def skipped_steps(self) -> int:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from moga.geometry import Embedding, Geometry, Row
 from moga.optim.base import GeometryOptimizer
-from moga.optim.multipliers import preset_multipliers
+from moga.optim.multipliers import preset_options
 from moga.optim.options import SharedOptions, shared
 from moga.roles import MOGA_GEOMETRIES, role_geometries
 
@@ -19,14 +19,17 @@ class MOGA(GeometryOptimizer):
 
     One ``lr`` serves every layer: hidden and readout matrices take the ``(p,mean)->inf`` row LMO,
     embeddings ``1->(q,mean)`` and vectors (biases, norm gains) ``vectors="adamw"`` (Adam's direction) or
-    ``"sign"`` (the l_inf LMO). Momentum is an EMA of gradients, optionally Nesterov; weight decay is
-    decoupled, ``W <- (1 - lr*wd) W + lr * D*``, and skips vectors when the plan comes from the model.
+    ``"sign"`` (the l_inf LMO). Momentum is an EMA of gradients, Nesterov's look-ahead or plain; weight decay
+    is decoupled, ``W <- (1 - lr*wd) W + lr * D*``, and skips vectors when the plan comes from the model.
 
-    ``preset`` names a set of default per-role lr multipliers (:data:`~moga.optim.multipliers.PRESETS`):
-    ``"paper"`` is the width paper's exact choice, every role at ``lr``; ``"default"`` is MOGA's default, the
-    embedding tables at ``lr / 16`` (a tied table-and-head keeps ``lr``). ``lr_multipliers`` override the preset's role by role; a preset's multiplier for a role the model
-    lacks is skipped. The groups keep the preset's name and their ``lr_multiplier``, so schedulers and
-    ``state_dict`` keep them. With torch-style param groups there are no roles, and the preset does not apply.
+    ``preset`` names a set of defaults (:data:`~moga.optim.multipliers.PRESETS`): per-role lr multipliers and
+    the momentum. ``"paper"`` is the width paper's exact choice, every role at ``lr`` with plain momentum;
+    ``"default"`` is MOGA's default, the embedding tables at ``lr / 16`` (a tied table-and-head keeps ``lr``)
+    with Nesterov momentum. ``lr_multipliers`` override the preset's role by role (a preset's multiplier for a
+    role the model lacks is skipped), and ``nesterov=True/False`` overrides its momentum; ``nesterov=None``
+    takes the preset's. The groups keep the preset's name, their ``lr_multiplier`` and ``nesterov``, so
+    schedulers and ``state_dict`` keep them. With torch-style param groups there are no roles: the preset's
+    multipliers do not apply, its momentum does.
 
     >>> opt = MOGA(model, lr=2**-3)           # role plan from the unmodified model
     >>> print(opt.plan)                        # what each parameter gets, with its lr multiplier
@@ -40,7 +43,7 @@ class MOGA(GeometryOptimizer):
         params,
         lr: float = 2**-5,
         momentum: float = 0.9,
-        nesterov: bool = False,
+        nesterov: bool | None = None,
         weight_decay: float = 0.0,
         *,
         p: float = 2.0,
@@ -51,8 +54,9 @@ class MOGA(GeometryOptimizer):
         **options: Unpack[SharedOptions],
     ):
         """``options``: the keywords every geometry optimizer shares (:class:`~moga.optim.options.SharedOptions`)."""
-        self.preset_multipliers = preset_multipliers(preset)  # a bad name fails before anything is built
-        self.preset = preset
+        chosen = preset_options(preset)  # a bad name fails before anything is built
+        self.preset, self.preset_multipliers = preset, dict(chosen.lr_multipliers)
+        nesterov = chosen.nesterov if nesterov is None else nesterov  # the user's True/False wins
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(params, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                          geometry=geometry, **shared(type(self), options))

@@ -6,10 +6,11 @@ training engine scale (they keep each group's ``initial_lr`` and multiply it), a
 Each group also carries its ``lr_multiplier``, so the base rate stays readable (:func:`base_lr`). Weight
 decay, ``W <- (1 - lr*wd) W``, follows the group's rate, as with any per-group lr in torch.
 
-MOGA's presets (:data:`PRESETS`) are named sets of default multipliers: ``MOGA(model, preset="paper")`` runs
-the width paper's exact choice, every role at ``lr``; ``"default"`` is MOGA's default. A user's
-``lr_multipliers`` override a preset's role by role, and a preset's multiplier for a role the model does not
-have is skipped (a user's is an error, see :func:`apply_multipliers`).
+MOGA's presets (:data:`PRESETS`) are named sets of defaults (:class:`Preset`): per-role multipliers and
+whether momentum is Nesterov's. ``MOGA(model, preset="paper")`` runs the width paper's exact choice, every
+role at ``lr`` with plain EMA momentum; ``"default"`` is MOGA's default. A user's ``lr_multipliers`` override a
+preset's role by role, and a preset's multiplier for a role the model does not have is skipped (a user's is an
+error, see :func:`apply_multipliers`); a user's ``nesterov=True/False`` overrides the preset's.
 """
 
 from __future__ import annotations
@@ -17,25 +18,65 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from moga.roles import ROLES
 
-# The width paper's exact choice: no multipliers, every role steps at lr.
+
+@dataclass(frozen=True)
+class Preset:
+    """What a MOGA preset sets: per-role lr multipliers (``{}``: every role at lr) and Nesterov momentum."""
+
+    lr_multipliers: Mapping[str, float] = field(default_factory=dict)
+    nesterov: bool = False
+
+    def to_dict(self) -> dict:
+        """The JSON form a sweep store records (``moga_default_preset``)."""
+        return {"lr_multipliers": dict(self.lr_multipliers), "nesterov": self.nesterov}
+
+    @classmethod
+    def from_record(cls, record: Mapping | None) -> Preset:
+        """A preset as a store recorded it: :meth:`to_dict`'s form; a plain ``{role: multiplier}`` dict, the
+        form of stores from before presets set momentum (all ran plain momentum); None, a store from before any
+        record (the default was then the paper's)."""
+        if record is None:
+            return PAPER
+        if "nesterov" in record or "lr_multipliers" in record:
+            return cls(dict(record.get("lr_multipliers") or {}), bool(record.get("nesterov", False)))
+        return cls(dict(record), False)
+
+    def describe(self) -> str:
+        """E.g. "lr multipliers {'embedding': 0.0625}, Nesterov momentum"."""
+        momentum = "Nesterov momentum" if self.nesterov else "plain momentum"
+        return f"lr multipliers {dict(self.lr_multipliers) or 'none'}, {momentum}"
+
+
+# The width paper's exact choice: no multipliers, every role steps at lr, with plain EMA momentum.
 PAPER_MULTIPLIERS: dict[str, float] = {}
-# MOGA's default multipliers. A default changes only where the ablation shows a gain larger than its interval at
-# every width tested. The embedding tables at 1/16 of the lr beat the paper's 1 at every width measured, by far
-# more than the seed spread (docs/results.md, "Quality against tuned baselines").
+PAPER = Preset(PAPER_MULTIPLIERS, nesterov=False)
+# MOGA's default. A default changes only where the ablation shows a gain larger than its interval at every width
+# tested. The embedding tables at 1/16 of the lr beat the paper's 1 at every width measured, by far more than the
+# seed spread (docs/results.md, "Quality against tuned baselines"). Nesterov momentum beat plain momentum, each at
+# its own tuned lr, by 3.6% [2.8, 4.4] at width 64 and 3.7% [3.2, 4.1] at width 128 (3 seeds); TODO(lead): Nesterov
+# evidence (width 256, 4x budget).
 DEFAULT_MULTIPLIERS: dict[str, float] = {"embedding": 1 / 16}
-PRESETS: dict[str, dict[str, float]] = {"default": DEFAULT_MULTIPLIERS, "paper": PAPER_MULTIPLIERS}
+DEFAULT = Preset(DEFAULT_MULTIPLIERS, nesterov=True)
+PRESETS: dict[str, Preset] = {"default": DEFAULT, "paper": PAPER}
 PRESET_NAMES = tuple(PRESETS)
 
 
-def preset_multipliers(preset: str) -> dict[str, float]:
-    """The multipliers of MOGA's preset ``preset`` (a copy), or a clear error naming the presets."""
+def preset_options(preset: str) -> Preset:
+    """MOGA's preset ``preset``, or a clear error naming the presets."""
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(map(repr, PRESET_NAMES))} (\"paper\": the width paper's "
-                         f"exact choice, every role at lr; \"default\": MOGA's default), got {preset!r}")
-    return dict(PRESETS[preset])
+                         f"exact choice, every role at lr with plain momentum; \"default\": MOGA's default), "
+                         f"got {preset!r}")
+    return PRESETS[preset]
+
+
+def preset_multipliers(preset: str) -> dict[str, float]:
+    """The lr multipliers of MOGA's preset ``preset`` (a copy), or a clear error naming the presets."""
+    return dict(preset_options(preset).lr_multipliers)
 
 
 def check_multipliers(multipliers: Mapping | None) -> dict[str, float]:

@@ -46,7 +46,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from moga.optim.multipliers import preset_multipliers
+from moga.optim.multipliers import preset_options
 from moga.train.build import model_kwargs
 from moga.train.config import (
     ConfigError, apply_overrides, build_config, read_config_file, resolve_config_path, single_path_component
@@ -278,9 +278,9 @@ class Sweep:
 
     def to_dict(self) -> dict:
         d = {"spec": self.spec.model_dump(mode="json"), "base": self.base}
-        default = preset_multipliers("default")
-        if default != preset_multipliers("paper"):  # what MOGA's default meant when it was stored (moga.sweep.store)
-            d["moga_default_preset"] = default
+        default = preset_options("default")
+        if default != preset_options("paper"):  # what MOGA's default meant when it was stored (moga.sweep.store)
+            d["moga_default_preset"] = default.to_dict()
         return d
 
 

@@ -25,7 +25,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from moga.optim.multipliers import preset_multipliers
+from moga.optim.multipliers import PAPER, Preset, preset_options
 from moga.status import DONE, Status
 from moga.sweep.spec import Sweep, SweepError, SweepSpec, cell_id
 
@@ -92,10 +92,13 @@ EXTENSIBLE = {"name", "axes", "exclude", "include", "scale_key", "scale_keys", "
 def incompatible(stored: dict, sweep: Sweep) -> str | None:
     """Why ``sweep`` cannot extend the stored definition, or None when it only changes the grid."""
     base = json.loads(json.dumps(sweep.base))
-    why = _preset_changed(stored, sweep)
+    optimizers = {sweep.config(cell).optim.name for cell in sweep.cells}
+    why = _preset_changed(stored, sweep, optimizers == {"moga"}) if "moga" in optimizers else None
     if why:
         return why
-    stored_base, base = _without_preset(stored["base"]), _without_preset(base)
+    # compared by what they run, above: MOGA's preset, and its momentum where every cell is MOGA
+    keys = ("preset", "nesterov") if optimizers == {"moga"} else ("preset",)
+    stored_base, base = _without(stored["base"], keys), _without(base, keys)
     if stored_base != base:
         changed = sorted(changed_keys(stored_base, base))
         return f"its base config changed: {', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''}"
@@ -113,31 +116,60 @@ def incompatible(stored: dict, sweep: Sweep) -> str | None:
     return None
 
 
-def _without_preset(base: dict) -> dict:
+def _without(base: dict, keys: tuple[str, ...]) -> dict:
     optim = base.get("optim")
-    return {**base, "optim": {k: v for k, v in optim.items() if k != "preset"}} if isinstance(optim, dict) else base
+    return {**base, "optim": {k: v for k, v in optim.items() if k not in keys}} if isinstance(optim, dict) else base
 
 
-def _preset_changed(stored: dict, sweep: Sweep) -> str | None:
-    """The base's optim.preset is compared by what it runs, MOGA's lr multipliers, not by its name: pinning
-    "paper" on a sweep stored while the default was the paper's extends it. When the default preset has changed
-    since the sweep was stored (stores from before the record ran the paper's, the only default there was), its
-    finished MOGA cells on the default ran the old one, and the sweep is refused."""
-    was_default, default = stored.get("moga_default_preset", preset_multipliers("paper")), preset_multipliers("default")
-    if not any(sweep.config(cell).optim.name == "moga" for cell in sweep.cells):
-        return None
-
-    def multipliers(base: dict, default: dict) -> dict:
-        preset = (base.get("optim") or {}).get("preset") or "default"
-        return dict(default) if preset == "default" else preset_multipliers(preset)
-
-    old, new = multipliers(stored["base"], was_default), multipliers(sweep.base, default)
+def _preset_changed(stored: dict, sweep: Sweep, only_moga: bool) -> str | None:
+    """For a sweep with MOGA cells, the base's optim.preset and optim.nesterov are compared by what they run,
+    MOGA's lr multipliers and momentum, not by name: pinning "paper" on a sweep stored while the default was the
+    paper's extends it, and so does pinning ``optim.nesterov: false`` (where every cell is MOGA) on one stored while
+    the default's momentum was plain. When the default has changed since the sweep was stored (the store records
+    it; stores from before the record ran the paper's, the only default there was, and stores that recorded
+    multipliers alone ran plain momentum), its finished MOGA cells on the default ran the old one: refused."""
+    was_default, default = Preset.from_record(stored.get("moga_default_preset")), preset_options("default")
+    old, new = _runs(stored["base"], was_default), _runs(sweep.base, default)
     if old != new:
-        return f"its base config changed: optim.preset (MOGA's lr multipliers {old or 'none'} -> {new or 'none'})"
+        keys = [k for k in ("preset", "nesterov") if _optim(stored["base"], k) != _optim(sweep.base, k)]
+        if keys:
+            return f"its base config changed: {', '.join('optim.' + k for k in keys)} ({_what_changed(old, new)})"
+        if old == PAPER:
+            pin = " (optim.preset: paper in its base runs what they ran)"
+        elif old.lr_multipliers == new.lr_multipliers and only_moga:
+            pin = f" (optim.nesterov: {str(old.nesterov).lower()} in its base runs what they ran)"
+        else:
+            pin = ""
+        return (f"MOGA's default preset changed since it was stored ({_what_changed(old, new)}), and its base runs "
+                f"the default: its finished MOGA cells ran the old one{pin}")
     if was_default != default and any(v in (None, "default") for v in _axis_values(sweep, "optim.preset")):
-        return (f"MOGA's default preset changed since it was stored (lr multipliers {was_default or 'none'} -> "
-                f"{default or 'none'}), and its optim.preset axis runs 'default'")
+        return (f"MOGA's default preset changed since it was stored ({_what_changed(was_default, default)}), and its "
+                f"optim.preset axis runs 'default'")
     return None
+
+
+def _optim(base: dict, key: str):
+    value = (base.get("optim") or {}).get(key)
+    return (value or "default") if key == "preset" else value
+
+
+def _runs(base: dict, default: Preset) -> Preset:
+    """What MOGA runs on ``base`` (its preset, ``default`` when it names none, and its own nesterov, if set)."""
+    preset = _optim(base, "preset")
+    preset = default if preset == "default" else preset_options(preset)
+    nesterov = _optim(base, "nesterov")
+    return Preset(dict(preset.lr_multipliers), preset.nesterov if nesterov is None else bool(nesterov))
+
+
+def _what_changed(old: Preset, new: Preset) -> str:
+    """E.g. "MOGA's momentum plain -> Nesterov" and/or "MOGA's lr multipliers {} -> {'embedding': 0.0625}"."""
+    parts, was, now = [], dict(old.lr_multipliers), dict(new.lr_multipliers)
+    if was != now:
+        parts.append(f"MOGA's lr multipliers {was or 'none'} -> {now or 'none'}")
+    if old.nesterov != new.nesterov:
+        parts.append(f"MOGA's momentum {'Nesterov' if old.nesterov else 'plain'} -> "
+                     f"{'Nesterov' if new.nesterov else 'plain'}")
+    return ", ".join(parts)
 
 
 def _axis_values(sweep: Sweep, key: str) -> list:

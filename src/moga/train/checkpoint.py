@@ -111,7 +111,7 @@ def load_checkpoint(path: str | Path, config: dict | None = None, config_hash: s
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
     if config_hash is not None and state["config_hash"] != config_hash:
-        diff = hash_diff(state["config"], config) if config is not None else []
+        diff = hash_diff(state["config"], config, state["config_hash"]) if config is not None else []
         detail = ("\n  " + "\n  ".join(diff)) if diff else ""
         raise CheckpointError(
             f"{path} was written by a different config (hash {state['config_hash']}, this config "

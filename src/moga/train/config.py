@@ -23,7 +23,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from moga.optim.multipliers import PRESET_NAMES, preset_multipliers
+from moga.optim.multipliers import PRESET_NAMES, preset_options
 from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS
 from moga.geometry import parse_geometry
 from moga.roles import ADAM_PREFIX, ROLES
@@ -175,7 +175,7 @@ class OptimConfig(_Section):
                              "default: the optimizer's")
     weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay (sgd: L2)")
     momentum: float | None = Field(None, ge=0, lt=1, description="moga, muon, sgd")
-    nesterov: bool | None = Field(None, description="moga, muon, sgd")
+    nesterov: bool | None = Field(None, description="moga (unset: its preset's), muon (unset: on), sgd (unset: off)")
     betas: tuple[float, float] | None = Field(None, description="Adam betas (moga/muon vectors, adamw)")
     eps: float | None = Field(None, gt=0, description="Adam eps")
     fused: bool | None = Field(None, description="adamw, sgd: torch's fused kernel (unset: torch's default, on the "
@@ -193,8 +193,9 @@ class OptimConfig(_Section):
         None, description="moga family: {role: factor} on lr per role (embedding, readout, vector, ...); "
         "sweepable as optim.lr_multipliers.ROLE")
     preset: Literal[PRESET_NAMES] | None = Field(  # type: ignore[valid-type]
-        None, description="moga: a named set of default lr multipliers per role, which optim.lr_multipliers override "
-        "role by role: paper (the width paper's exact choice, every role at lr) or default (unset: MOGA's default). "
+        None, description="moga: a named set of defaults, lr multipliers per role (which optim.lr_multipliers "
+        "override role by role) and Nesterov momentum (which optim.nesterov overrides): paper (the width paper's exact "
+        "choice, every role at lr, plain momentum) or default (unset: MOGA's default). "
         "Other optimizers have one behaviour, which both names denote; sweepable as optim.preset")
     geometries: dict[Literal[ROLES], str] | None = Field(  # type: ignore[valid-type]
         None, description="moga family: {role: geometry spec} in place of the optimizer's, e.g. readout: sign, "
@@ -409,14 +410,20 @@ def config_hash(cfg: RunConfig | Mapping) -> str:
 
 
 def _resolve_preset(optim: Mapping) -> dict:
-    """``optim`` with its preset's name replaced by what it computes: MOGA's preset multipliers, when there are
-    any. So the hash follows the numbers: "paper" and "default" hash alike while they are the same, and a run
-    on the default preset gets a new hash when the default changes."""
+    """``optim`` with its preset's name replaced by what it computes (MOGA's): the preset's multipliers, when
+    there are any, and the momentum that runs. So the hash follows the numbers: a run on the default preset gets
+    a new hash when the default changes, and the paper's preset, whose momentum is plain, hashes as it always
+    has. Under a preset with Nesterov momentum, ``nesterov`` is written as what runs: True, or None (unset) for
+    plain momentum, the form of every config from before a preset set the momentum, so a run made then on the
+    default (embedding tables at lr/16, plain momentum) resumes with ``optim.nesterov=false``."""
     optim = dict(optim)
-    preset = optim.pop("preset", None) or "default"
-    multipliers = preset_multipliers(preset) if optim.get("name", "moga") == "moga" else {}
-    if multipliers:
-        optim["preset_lr_multipliers"] = multipliers
+    preset = preset_options(optim.pop("preset", None) or "default")
+    if optim.get("name", "moga") != "moga":
+        return optim
+    if preset.lr_multipliers:
+        optim["preset_lr_multipliers"] = dict(preset.lr_multipliers)
+    if preset.nesterov:
+        optim["nesterov"] = True if optim.get("nesterov") in (None, True) else None
     return optim
 
 
@@ -430,13 +437,28 @@ def flatten_keys(d: Mapping, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def hash_diff(stored: RunConfig | Mapping, now: RunConfig | Mapping) -> list[str]:
+def hash_diff(stored: RunConfig | Mapping, now: RunConfig | Mapping, stored_hash: str | None = None) -> list[str]:
     """Why two configs hash apart: their differing keys, or, when none differs, the one input the hash resolves
-    beyond the keys, MOGA's preset, whose default multipliers changed since ``stored`` ran."""
-    return config_diff(stored, now) or [
-        f"optim.preset: no key differs, but the hash counts what MOGA's preset runs, and MOGA's default lr "
-        f"multipliers are now {preset_multipliers('default')} (the papers' choice before the change); a run "
-        f"made before it resumes with optim.preset=paper"]
+    beyond the keys, MOGA's default preset, which changed since ``stored`` ran. With ``stored_hash`` (the hash
+    the run was stored under), it names the setting that resumes the run, found by trying each: ``optim.preset=
+    paper`` (a run from when the default was the papers' choice) or ``optim.nesterov=false`` (from when it was the
+    embedding tables at lr/16 with plain momentum)."""
+    diff = config_diff(stored, now)
+    if diff:
+        return diff
+    why = (f"optim.preset: no key differs, but the hash counts what MOGA's default preset runs, now "
+           f"{preset_options('default').describe()}")
+    if stored_hash is None:
+        return [f"{why}; a run made under an earlier default resumes with optim.preset=paper (made when the default "
+                f"was the papers' choice) or optim.nesterov=false (the embedding tables at lr/16, plain momentum)"]
+    now = now.to_dict() if isinstance(now, RunConfig) else json.loads(json.dumps(now))
+    for key, value, then in (("preset", "paper", "the papers' choice: every role at lr, plain momentum"),
+                             ("nesterov", False, "the embedding tables at lr/16, plain momentum")):
+        if config_hash({**now, "optim": {**now.get("optim", {}), key: value}}) == stored_hash:
+            return [f"{why}; this run was made when the default was {then}, and resumes with "
+                    f"optim.{key}={str(value).lower()}"]
+    return [f"{why}; no setting of this version reproduces the run's hash (it ran an earlier default with its own "
+            f"settings): start it again, or resume it with the moga version it ran under"]
 
 
 def config_diff(a: RunConfig | Mapping, b: RunConfig | Mapping, *, hashed_only: bool = True) -> list[str]:

@@ -137,7 +137,7 @@ class Trainer:
             return None
         if result.get("config_hash") != self.hash:
             saved = self.run_dir / CONFIG
-            diff = hash_diff(as_config(saved), self.cfg) if saved.is_file() else []
+            diff = hash_diff(as_config(saved), self.cfg, result.get("config_hash")) if saved.is_file() else []
             raise CheckpointError(
                 f"{self.run_dir} holds a finished run of another config (hash {result.get('config_hash')}, this "
                 f"config {self.hash}); differing keys (stored -> now):\n  " + "\n  ".join(diff or ["?"]))
