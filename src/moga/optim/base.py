@@ -80,7 +80,7 @@ class GeometryOptimizer(Optimizer):
     """
 
     role_geometries: Mapping[str, str] = {}
-    preset: str | None = None  # a named set of default lr multipliers (MOGA's presets, moga.optim.multipliers)
+    preset: str | None = None  # a named set of defaults, lr multipliers and momentum (MOGA's, moga.optim.multipliers)
     preset_multipliers: Mapping[str, float] = {}
 
     def __init__(
