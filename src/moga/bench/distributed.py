@@ -42,6 +42,8 @@ def _groups(model: nn.Module, geometry: str | None, table: str, update: str = "l
     return [matrices, {"params": [model.wte.weight], "geometry": table, "layout": "io", "update": update}]
 
 
+# MOGA with plain momentum, as every stored record ran before MOGA's default took Nesterov's (no collective
+# depends on it).
 OPTIMIZERS = {
     "torch-adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True),
     "torch-adamw-fused": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True),
