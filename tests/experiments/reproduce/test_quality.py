@@ -175,6 +175,16 @@ def test_the_ablation_against_a_baseline_gives_each_value_its_gap_to_the_best_tu
                                   (256, "sign"): -0.05}, abs=1e-9)
     assert all(e["moves"] for e in entries)
     assert "vs tuned adamw" in text and "adamw tuned at width 256: lr 0.00195312" in text
+    # the baselines as two sweeps, one per optimizer (AdamW's, Muon's): the same best at each width
+    for name in floor:
+        one = sweep_dict()
+        one["axes"] = {"optim.name": [name], "model.n_embd": [64, 256], "seed": SEEDS, "optim.lr": LRS[name]}
+        store_losses(tmp_path / name, Sweep.from_dict(one), lambda p: parabola(*floor[p["optim.name"]])(
+            p["optim.lr"]) * (1 + 0.001 * p["seed"]))
+    assert quality.ablation_report(tmp_path / "moga", [tmp_path / "muon", tmp_path / "adamw"]) == text
+    assert json.loads((tmp_path / "moga" / "ablation-baseline.json").read_text()) == entries
+    muon_only = quality.ablation_report(tmp_path / "moga", tmp_path / "muon")
+    assert "vs tuned muon" in muon_only and muon_only != text
 
 
 def test_a_follow_up_sweep_is_judged_with_the_first_against_its_default(tmp_path):

@@ -307,22 +307,29 @@ def ablation_table(entries: list[dict]) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | None = None) -> str:
+def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | list[Path] | None = None) -> str:
     """The ablation table of one or more sweep run directories (``moga sweep configs/sweeps/ablation_*.yaml
-    --out RUN_DIR``); with ``baseline_dir`` (a sweep of a baseline optimizer over the same widths) each value
-    against it. Several directories are judged as one sweep (see :func:`merged_ablation`); the table's json goes
-    to the first."""
-    run_dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
+    --out RUN_DIR``); with ``baseline_dir`` (sweeps of baseline optimizers over the same widths, one directory
+    or several, e.g. AdamW's and Muon's) each value against the best of them tuned at each width. Several
+    directories are judged as one sweep (see :func:`merged_ablation`); the table's json goes to the first."""
+    run_dirs = _paths(run_dirs)
     rows, spec = merged_ablation(run_dirs)
     baseline = None
     if baseline_dir is not None:
-        baseline = records(SweepStore(baseline_dir))
-        if not baseline:
-            raise SystemExit(f"{baseline_dir}: no settled cell yet")
+        baseline = []
+        for one in _paths(baseline_dir):
+            settled = records(SweepStore(one))
+            if not settled:
+                raise SystemExit(f"{one}: no settled cell yet")
+            baseline += settled
     entries = ablation(rows, spec["axes"], scale_key=spec["scale_key"], lr_key=spec["lr_key"], baseline=baseline)
     name = "ablation.json" if baseline is None else "ablation-baseline.json"
     (run_dirs[0] / name).write_text(json.dumps(_finite(entries), indent=1) + "\n")
     return ablation_table(entries)
+
+
+def _paths(dirs: Path | str | list[Path]) -> list[Path]:
+    return [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
 
 
 def merged_ablation(run_dirs: list[Path]) -> tuple[list[dict], dict]:
@@ -403,19 +410,18 @@ def versus_report(subject_dir: Path, claim_dir: Path, goal: float = GOAL) -> str
     return table(cells, panel_keys)
 
 
-USAGE = ("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...] [--baseline RUN_DIR]"
+USAGE = ("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...] [--baseline RUN_DIR ...]"
          " | transfer RUN_DIR | versus RUN_DIR --baseline QUALITY_RUN_DIR")
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    baseline_dir = None
-    if len(args) >= 2 and args[-2] == "--baseline":
-        args, baseline_dir = args[:-2], Path(args[-1])
+    args, baselines = sys.argv[1:], []
+    while len(args) >= 2 and args[-2] == "--baseline":  # each --baseline DIR, from the end
+        args, baselines = args[:-2], [Path(args[-1]), *baselines]
     if args[:1] == ["ablation"] and len(args) >= 2 and "--baseline" not in args:
-        print(ablation_report([Path(a) for a in args[1:]], baseline_dir))
-    elif args[:1] == ["transfer"] and len(args) == 2 and baseline_dir is None:
+        print(ablation_report([Path(a) for a in args[1:]], baselines or None))
+    elif args[:1] == ["transfer"] and len(args) == 2 and not baselines:
         print(transfer_report(Path(args[1])))
-    elif args[:1] == ["versus"] and len(args) == 2 and baseline_dir is not None:
-        print(versus_report(Path(args[1]), baseline_dir))
+    elif args[:1] == ["versus"] and len(args) == 2 and len(baselines) == 1:
+        print(versus_report(Path(args[1]), baselines[0]))
     else:
         raise SystemExit(USAGE)
