@@ -334,3 +334,20 @@ def test_the_library_ops_refuse_bad_tensors_with_a_clear_error(built):
         with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")):
             call()
     assert all(torch.equal(a, b) for a, b in zip(before, (w, g, m)))  # refused before touching anything
+
+
+def test_remembered_plans_are_each_geometry_layouts_and_shapes_own():
+    """``plan`` remembers its answers (the step asks for every tensor at every step): each is still the one
+    for its geometry, layout (a shard's global shape included) and shape, whatever was asked before."""
+    from moga.geometry import KernelPlan
+    from moga.layout import Layout, ShardLayout
+
+    geometries = [parse_geometry(s) for s in (*SPECS, "row(p=inf)", "spectral")]
+    layouts = [Layout("oi"), Layout("io"), ShardLayout("oi", (16, 6)), ShardLayout("oi", (32, 6))]
+    shapes = [torch.Size(s) for s in ((8, 6), (6, 8), (0, 6))]
+    for _ in range(2):  # the second round reads what the first remembered
+        for g in geometries:
+            for layout in layouts:
+                for shape in shapes:
+                    expected = g.kernel_plan(shape, layout) if shape.numel() else KernelPlan((0, 0, 0), 1.0, 0.0)
+                    assert plan(g, layout, shape) == expected, (g, layout, shape)

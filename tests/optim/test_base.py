@@ -277,3 +277,51 @@ def test_weight_decay_past_one_over_lr_warns_at_construction():
         m(torch.ones(2, 4)).sum().backward()
         opt.step()
     assert m[0].weight.abs().max() > 1e5
+
+
+def test_groups_added_or_state_loaded_after_steps_step_as_a_fresh_optimizer():
+    """Nothing the step keeps between steps goes stale: a group added after a step, and a state dict loaded
+    into an optimizer that stepped (beside one with other geometries on the same shapes), step bit for bit as
+    a fresh optimizer with the same history does."""
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(s, generator=gen) for s in ((8, 6), (8, 6), (6, 10))]
+    grads = [[torch.randn(v.shape, generator=gen) * 1e-2 for v in values] for _ in range(3)]
+    specs = ("row(p=2)", "row(p=1.5)", "col(q=2)")
+
+    def run(late: bool, steps: int = 3):
+        ps = [nn.Parameter(v.clone()) for v in values]
+        groups = [{"params": [p], "geometry": s} for p, s in zip(ps, specs)]
+        opt = MOGA(groups[:1] if late else groups, lr=0.1, nesterov=True, weight_decay=0.1)
+        for s in range(steps):
+            if late and s == 1:
+                for group in groups[1:]:
+                    opt.add_param_group(group)
+            for k, p in enumerate(ps):
+                p.grad = grads[s][k].clone() if k == 0 or s >= 1 else None
+            opt.step()
+        return ps, opt
+
+    fresh, fresh_opt = run(late=False)
+    late, _ = run(late=True)
+    for a, b in zip(fresh, late):
+        assert torch.equal(a, b)
+
+    # An optimizer that stepped (beside another that stepped p=3 and col on the same shapes) loads the fresh
+    # one's state after two steps, and takes the third step as the fresh one did.
+    _, saved = run(late=False, steps=2)
+    for specs_now in (("row(p=3)", "col(q=2)", "row(p=2)"), specs):
+        other = [nn.Parameter(v.clone() + 1) for v in values]
+        loaded = MOGA([{"params": [p], "geometry": s} for p, s in zip(other, specs_now)], lr=0.1, nesterov=True,
+                      weight_decay=0.1)
+        for p, g in zip(other, grads[0]):
+            p.grad = g.clone()
+        loaded.step()
+    loaded.load_state_dict(saved.state_dict())
+    with torch.no_grad():
+        for p, q in zip(other, saved.param_groups):
+            p.copy_(q["params"][0])
+    for p, g in zip(other, grads[2]):
+        p.grad = g.clone()
+    loaded.step()
+    for a, b in zip(fresh, other):
+        assert torch.equal(a, b)

@@ -22,30 +22,28 @@ def fused_lmo_step_(
     """One fused step (momentum EMA, Nesterov, decoupled decay, LMO) for the parameters the kernel
     covers, all on ``params[0]``'s device; returns the indices of those it left to the plain path."""
     device = params[0].device
-    done, shapes, scales = [], [], []
+    work, rest, shapes, scales = [], [], [], []  # rest: indices left to the plain path
     p_common = None
-    for k, (w, g) in enumerate(zip(params, grads)):
-        buf = bufs[k] if bufs else None
-        if w.device != device or not fits(w, g, buf):
+    for k, w in enumerate(params):
+        if w.device != device or not fits(w, grads[k], bufs[k] if bufs else None):
+            rest.append(k)
             continue
         if w.numel() == 0:  # nothing to update
-            done.append(k)
             continue
         planned = plan(geometry, layouts[k], w.shape)
         if planned is None or (p_common is not None and planned.p != p_common):
+            rest.append(k)
             continue
         shape, p_common, factor = planned
-        done.append(k)
+        work.append(k)
         shapes.extend(shape)
         scales.append(-lr * factor)
-    work = [k for k in done if params[k].numel()]
     if work:
         _op("lmo_step", device)(
             [params[k] for k in work], [grads[k] for k in work], [bufs[k] for k in work] if bufs else [],
             found_inf, shapes, scales, p_common, momentum if bufs else 0.0, nesterov, 1 - lr * weight_decay,
         )
-    skipped = set(done)
-    return [k for k in range(len(params)) if k not in skipped]
+    return rest
 
 
 def fused_split_step_(

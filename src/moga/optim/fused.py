@@ -36,7 +36,7 @@ def lmo_step(plan, group: dict, params: list[torch.Tensor], bufs: list[torch.Ten
     args = (lr, momentum, group["nesterov"], group["weight_decay"])
     for key, ks in calls.items():
         mine = [params[k] for k in ks]
-        layouts = [sharded.global_layout(p, plan.layout(p)) for p in mine]  # factors from the global shape
+        layouts = [plan.layout(p) for p in mine]  # a DTensor's has the global shape's factors (plan_group)
         tensors = (plan.geometry, layouts, [local(p) for p in mine], [local(p.grad) for p in mine],
                    None if bufs is None else [local(bufs[k]) for k in ks])
         if key is None:
