@@ -92,7 +92,7 @@ EXTENSIBLE = {"name", "axes", "exclude", "include", "scale_key", "scale_keys", "
 def incompatible(stored: dict, sweep: Sweep) -> str | None:
     """Why ``sweep`` cannot extend the stored definition, or None when it only changes the grid."""
     base = json.loads(json.dumps(sweep.base))
-    optimizers = {sweep.config(cell).optim.name for cell in sweep.cells}
+    optimizers = _optimizers(sweep)
     why = _preset_changed(stored, sweep, optimizers == {"moga"}) if "moga" in optimizers else None
     if why:
         return why
@@ -114,6 +114,15 @@ def incompatible(stored: dict, sweep: Sweep) -> str | None:
         if isinstance(was, dict) and isinstance(values, dict) and "by" in was and was.get("by") != values.get("by"):
             return f"axis {key} now depends on {values.get('by')!r}, not {was.get('by')!r}"
     return None
+
+
+def _optimizers(sweep: Sweep) -> set[str]:
+    """The optimizers the sweep's cells run, from one config per distinct optim.name cell value (a config for
+    every cell costs ~0.3 ms each: 0.4 s on quality's 1296-cell paper grid, at every resume)."""
+    one_each = {}
+    for cell in sweep.cells:
+        one_each.setdefault(cell.get("optim.name"), cell)
+    return {sweep.config(cell).optim.name for cell in one_each.values()}
 
 
 def _without(base: dict, keys: tuple[str, ...]) -> dict:
