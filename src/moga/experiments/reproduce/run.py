@@ -1,7 +1,7 @@
 """Run one reproduction and judge the paper's claim: held, failed, inconclusive or undecided, with its key numbers.
 
 Sweeps run on the sweep store (``OUT/sweep.db``, cells in ``OUT/cells``): re-running resumes, a kill -9 loses
-no finished cell. Every run writes ``OUT/report/`` and ``OUT/outcome.json``, the stored summary that the
+no finished cell, and the claim's wall time adds up over every call (``OUT/seconds.json``, :mod:`.clock`). Every run writes ``OUT/report/`` and ``OUT/outcome.json``, the stored summary that the
 README's table is made from (:mod:`.table`).
 
 A transfer reproduction runs its grid with one seed, then adds seeds on each panel's decisive rates until
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 from moga.experiments.reproduce import quality
 from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
+from moga.experiments.reproduce.clock import ClaimClock
 from moga.experiments.reproduce.race import judge_race, race_seeds
 from moga.experiments.smoothness.checks import judge_checks
 from moga.experiments.smoothness.convergence import convergence_experiment
@@ -46,8 +46,19 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
               progress: bool = True, command: str | None = None, min_seeds: int = 3, max_seeds: int = 6) -> dict:
     """Run (or resume) ``rep`` at ``scale`` in ``out``, write its report and outcome.json; return the outcome."""
     out = Path(out)
-    started = time.time()
-    earlier = _earlier_seconds(out / "outcome.json")  # a resumed or extended run adds to the time already spent
+    with ClaimClock(out) as clock:  # a resumed or extended run adds to the time already spent, kills included
+        outcome = _run_and_judge(rep, out, scale, workers, executor, ray_address, data, max_regret, progress,
+                                 min_seeds, max_seeds)
+        outcome.update(name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
+                       command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
+                                                                          " --scale paper" if scale == "paper" else ""),
+                       seconds=clock.elapsed(), max_regret=max_regret)
+        (out / "outcome.json").write_text(json.dumps(json_safe(outcome), indent=1) + "\n")
+    return outcome
+
+
+def _run_and_judge(rep: Reproduction, out: Path, scale: str, workers: int, executor: str, ray_address: str | None,
+                   data: str | None, max_regret: float, progress: bool, min_seeds: int, max_seeds: int) -> dict:
     if rep.kind == "convergence":
         outcome = _convergence(rep, out, scale, data, progress)
     else:
@@ -74,11 +85,6 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
         outcome = judge(rep, sweep, out, max_regret)
         outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
         outcome["data"] = sweep.base["data"].get("name")
-    outcome.update(name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
-                   command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
-                                                                      " --scale paper" if scale == "paper" else ""),
-                   seconds=round(earlier + time.time() - started, 1), max_regret=max_regret)
-    (out / "outcome.json").write_text(json.dumps(json_safe(outcome), indent=1) + "\n")
     return outcome
 
 
@@ -91,13 +97,6 @@ def _sweep(rep: Reproduction, scale: str, data: str | None, include: list[dict])
 
 def _race_seeds(rep: Reproduction, sweep, out: Path, min_seeds: int) -> list:
     return race_seeds(SweepStore(out), sweep, rep.raw.get("contenders", ["moga", "muon"]), min_seeds)
-
-
-def _earlier_seconds(path: Path) -> float:
-    try:
-        return float(json.loads(path.read_text()).get("seconds", 0.0))
-    except (OSError, ValueError, AttributeError):  # none yet, or unreadable: start the count afresh
-        return 0.0
 
 
 # --- the claim over the panels -----------------------------------------------------------------------------
