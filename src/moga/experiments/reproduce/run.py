@@ -21,6 +21,8 @@ import json
 import math
 from pathlib import Path
 
+import torch
+
 from moga.experiments.reproduce import quality
 from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
 from moga.experiments.reproduce.clock import ClaimClock
@@ -39,6 +41,7 @@ from moga.sweep.spec import Sweep
 from moga.sweep.store import SweepStore
 
 OUTCOMES = ("held", "failed", "inconclusive", "undecided")
+CONVERGENCE_THREADS = 1  # its runs are in this process: pinned like a sweep cell's (moga.sweep.spec)
 
 
 def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int = 2, executor: str = "local",
@@ -325,10 +328,17 @@ def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, pro
     settings = rep.settings(scale, data)
     quick = bool(settings.pop("quick", False))
     log = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
-    result = convergence_experiment(out, quick, log, **settings)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(CONVERGENCE_THREADS)  # as a sweep cell: the numbers must not depend on the machine's cores
+    try:
+        result = convergence_experiment(out, quick, log, **settings)
+        used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
     return {**convergence_fields(result["seed_numbers"]), "seed_numbers": result["seed_numbers"],
             "report": result["files"]["summary"], "data": ",".join(result["settings"]["data"]),
-            "runs": {"missing data": result["missing"]} if result["missing"] else {}}
+            "runs": {"missing data": result["missing"]} if result["missing"] else {},
+            "threads": used}
 
 
 def convergence_fields(numbers: dict) -> dict:
