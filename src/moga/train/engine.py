@@ -83,7 +83,8 @@ def read_result(run_dir: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
+def write_json_atomic(path: Path, data: dict) -> None:
+    """``data`` as indented JSON at ``path``, all or nothing: a kill mid-write leaves the previous file."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
@@ -512,6 +513,6 @@ class Trainer:
 
     def _write_result(self, result: dict) -> dict:
         if self.dist.main:
-            _write_json_atomic(self.run_dir / RESULT, result)
+            write_json_atomic(self.run_dir / RESULT, result)
         distributed.barrier(self.dist)
         return result

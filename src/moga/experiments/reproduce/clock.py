@@ -8,10 +8,11 @@ kill loses at most one tick of the count instead of everything since the last fi
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
+
+from moga.train.engine import write_json_atomic
 
 FILE = "seconds.json"
 
@@ -42,9 +43,7 @@ class ClaimClock:
     def save(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps({"seconds": self.elapsed()}) + "\n")
-            os.replace(tmp, self.path)
+            write_json_atomic(self.path, {"seconds": self.elapsed()})
         except OSError:  # a full disk costs the count one tick, never the run
             pass
 

@@ -1,8 +1,9 @@
 """Run one reproduction and judge the paper's claim: held, failed, inconclusive or undecided, with its key numbers.
 
 Sweeps run on the sweep store (``OUT/sweep.db``, cells in ``OUT/cells``): re-running resumes, a kill -9 loses
-no finished cell, and the claim's wall time adds up over every call (``OUT/seconds.json``, :mod:`.clock`). Every run writes ``OUT/report/`` and ``OUT/outcome.json``, the stored summary that the
-README's table is made from (:mod:`.table`).
+no finished cell, and the claim's wall time adds up over every call (``OUT/seconds.json``, :mod:`.clock`).
+Every run writes ``OUT/report/`` and ``OUT/outcome.json``, the stored summary that the README's table is
+made from (:mod:`.table`).
 
 A transfer reproduction runs its grid with one seed, then adds seeds on each panel's decisive rates until
 every panel is decided or has ``max_seeds`` there (:mod:`.seeds`); each panel's verdict carries 95% seed
@@ -39,6 +40,7 @@ from moga.sweep.results import records
 from moga.sweep.seeds import run_until_decided, stored_include
 from moga.sweep.spec import Sweep
 from moga.sweep.store import SweepStore
+from moga.train.engine import write_json_atomic
 
 OUTCOMES = ("held", "failed", "inconclusive", "undecided")
 CONVERGENCE_THREADS = 1  # its runs are in this process: pinned like a sweep cell's (moga.sweep.spec)
@@ -56,7 +58,7 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
                        command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
                                                                           " --scale paper" if scale == "paper" else ""),
                        seconds=clock.elapsed(), max_regret=max_regret)
-        (out / "outcome.json").write_text(json.dumps(json_safe(outcome), indent=1) + "\n")
+        write_json_atomic(out / "outcome.json", json_safe(outcome))  # a kill mid-write keeps the last outcome
     return outcome
 
 
