@@ -27,6 +27,5 @@ def test_the_kernel_call_is_seen_and_timed_apart_from_the_step():
     assert kernel_step._op is before  # the timing wrapper is taken out again
     assert len(times["step"]) == 2
     # the step goes through the timed call: the kernel's time is seen, and is most of the step
-    for inside, outside, step in zip(times["inside"], times["outside"], times["step"]):
-        assert inside > 0 and outside >= 0
+    for inside, step in zip(times["inside"], times["step"]):
         assert inside / 1e3 > 0.5 * step
