@@ -20,7 +20,7 @@ import time
 import torch
 
 import moga.kernels.step as kernel_step
-from moga.bench.optimizer import GPT2_SMALL_BLOCK, OPTIMIZERS
+from moga.bench.optimizer import GPT2_SMALL_BLOCK, OPTIMIZERS, make_optimizers
 
 
 def measure(records: list[str], rounds: int) -> dict[str, dict[str, list[float]]]:
@@ -39,18 +39,8 @@ def measure(records: list[str], rounds: int) -> dict[str, dict[str, list[float]]
                 inside[0] += time.process_time() - start
         return call
 
-    gen = torch.Generator().manual_seed(0)
-    shapes = GPT2_SMALL_BLOCK * 2
-    grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
-
-    def parameters():
-        params = [torch.nn.Parameter(torch.randn(s, generator=gen) * 0.02) for s in shapes]
-        for p, g in zip(params, grads):
-            p.grad = g
-        return params
-
-    adamw = torch.optim.AdamW(parameters(), lr=1e-3, fused=True)
-    opts = {name: OPTIMIZERS[name](parameters()) for name in records}
+    opts = make_optimizers(["torch-adamw-fused", *records], GPT2_SMALL_BLOCK * 2)  # the bench's two blocks
+    adamw = opts.pop("torch-adamw-fused")
     times = {name: {"outside": [], "inside": [], "step": []} for name in records}
     kernel_step._op = timed_op
     try:

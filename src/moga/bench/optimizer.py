@@ -104,6 +104,21 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
     )
 
 
+def make_optimizers(names: list[str], shapes: list[tuple[int, int]], seed: int = 0,
+                    device: torch.device | str = "cpu") -> dict[str, torch.optim.Optimizer]:
+    """The bench's optimizers by name, each on its own parameters (so no step feeds another's) of these
+    shapes, all with the same fixed gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    grads = [(torch.randn(s, generator=gen) * 1e-3).to(device) for s in shapes]
+    opts = {}
+    for name in names:
+        params = [torch.nn.Parameter((torch.randn(s, generator=gen) * 0.02).to(device)) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = g
+        opts[name] = OPTIMIZERS[name](params)
+    return opts
+
+
 def bench_optimizers(
     blocks: int = 2, repeats: int = 7, warmup: int = 1, names: list[str] | None = None, seed: int = 0,
     device: str = "cpu", clock: str = "wall",
@@ -121,16 +136,8 @@ def bench_optimizers(
         raise ValueError(f"device {device!r} is not available here")
     now = CLOCKS[clock]
     sync = getattr(torch, dev.type).synchronize if dev.type != "cpu" else (lambda: None)
-    gen = torch.Generator().manual_seed(seed)
     shapes = GPT2_SMALL_BLOCK * blocks
-    # Each optimizer gets its own parameters (so no step feeds another's), with the same fixed gradients.
-    grads = [(torch.randn(s, generator=gen) * 1e-3).to(dev) for s in shapes]
-    opts = {}
-    for name in names:
-        params = [torch.nn.Parameter((torch.randn(s, generator=gen) * 0.02).to(dev)) for s in shapes]
-        for p, g in zip(params, grads):
-            p.grad = g
-        opts[name] = OPTIMIZERS[name](params)
+    opts = make_optimizers(names, shapes, seed, dev)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(warmup + repeats):
         for name, opt in opts.items():  # take turns, so noise is shared
