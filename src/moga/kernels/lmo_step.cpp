@@ -15,7 +15,9 @@
 //           a = max |d| (rows: only where S alone cannot rule out a zero or out-of-range row, sure_in_range);
 //   pass B: W <- decay * W + f * t, with f = c / S^((p-1)/p) (c = -lr * geometry factor).
 // Each pass prefetches the other's streams (pass A W's row, pass B the next row's g and m): each pass
-// alone keeps too few lines in flight for one core's bandwidth.
+// alone keeps too few lines in flight for one core's bandwidth. Rows of p = 2 in float32 and float64 (the
+// common case) run the passes software-pipelined instead: pass B of a row in the loop of the next row's
+// pass A (rows_p2_pipelined).
 // p == 1 is sign: a single pass. Rows whose sums would under- or overflow (the current path's
 // "huge/tiny magnitudes") are redone in double, divided by their maximum first.
 // Math is in float32 for float32 and bfloat16 parameters, float64 for float64.
@@ -28,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <atomic>
@@ -315,6 +318,12 @@ inline void prefetch_for_write(const void* p) {
 #endif
 }
 
+// The line `bytes` past p, which may lie past the tensor's end: the address is formed as an integer, since
+// a pointer past an array's end is undefined behaviour in C++ (a prefetch itself never faults).
+inline const void* ahead(const void* p, int64_t bytes) {
+  return reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) + uintptr_t(bytes));
+}
+
 // d at one vector of elements made again, bit for bit as pass A made it: from g and the updated m as
 // computed, in T (a bfloat16 m's unrounded copy; none without momentum).
 template <typename S, typename T>
@@ -381,13 +390,11 @@ void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c, bo
       store_as(at::vec::fmadd(cv, sign_of(d), load_as<T>(w + i, cnt) * decay), w + i, cnt);
     }
     return;
-  } else {
+  } else {  // p != 2, or bfloat16 storage (rows of p = 2 in float32 and float64: rows_p2_pipelined)
+    // t = sign(d)|d|^(p-1) (d itself for p = 2) from pass A to pass B. bfloat16 storage rounds m where it
+    // is stored, so t keeps d there (making it again from g and m's float copy measured ~15% slower with
+    // Nesterov), and no float copy of m is kept for p = 2.
     T* t = scratch<T>(n, 0);
-    // For p = 2, t is d. With float storage pass B makes d again from g and the updated m, both still in
-    // cache, instead of reading a copy (Nesterov's lerp costs less than a row stored and read back:
-    // docs/results.md, Benchmarks). bfloat16 storage rounds m where it is stored, so there t keeps d (making
-    // it again from g and m's float copy measured ~15% slower with Nesterov), and no float copy of m is kept.
-    constexpr bool copy_t = K != Kind::P2 || !std::is_same_v<S, T>;
     // The rare second look at d makes it from g and the updated m as computed: a bfloat16 m's float copy,
     // or for p = 2 d itself in t, read as an m without Nesterov.
     T* const m_kept = std::is_same_v<S, T> || m == nullptr || K == Kind::P2 ? nullptr : scratch<T>(n, 1);
@@ -405,8 +412,7 @@ void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c, bo
       const int64_t cnt = std::min(L, n - i);
       prefetch_for_write(w + i);  // pass B's stream, in flight beside g and m: measured 2-13% faster
       V d = direction(g + i, m ? m + i : nullptr, cnt, ema, m_kept ? m_kept + i : nullptr);
-      const V u = powered<T, K>(d, s, e);
-      if constexpr (copy_t) u.store(t + i, cnt);
+      powered<T, K>(d, s, e).store(t + i, cnt);
     }
     const double total = horizontal_sum(s);
     // The maximum |d| only tells a zero row and an out-of-range one, and a sum well inside the range rules
@@ -427,25 +433,89 @@ void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c, bo
       }
     }
     const V f(T(factor(total, cfg.p, c, K)));
-    // pass B, t at element i from t_at: a loop of its own for each source of t, no choice per vector
-    auto pass_b = [&](auto t_at) {
-      for (int64_t i = 0; i < n; i += L) {
-        const int64_t cnt = std::min(L, n - i);
-        if (next_row) {  // the next row's pass A streams, in flight during this pass (docs/results.md)
-          prefetch_for_read(g + n + i);
-          if (m) prefetch_for_write(m + n + i);
-        }
-        store_as(at::vec::fmadd(f, t_at(i, cnt), load_as<T>(w + i, cnt) * decay), w + i, cnt);
+    for (int64_t i = 0; i < n; i += L) {  // pass B
+      const int64_t cnt = std::min(L, n - i);
+      if (next_row) {  // the next row's pass A streams, in flight during this pass (docs/results.md)
+        prefetch_for_read(g + n + i);
+        if (m) prefetch_for_write(m + n + i);
       }
-    };
-    if constexpr (copy_t) {
-      pass_b([&](int64_t i, int64_t cnt) MOGA_INLINE_LAMBDA { return V::loadu(t + i, cnt); });
-    } else if (m != nullptr && ema.nesterov) {
-      pass_b([&](int64_t i, int64_t cnt) MOGA_INLINE_LAMBDA { return direction_again(g + i, m + i, cnt, ema); });
-    } else {  // d is the updated m as stored, or g
-      const T* d = m != nullptr ? m : g;
-      pass_b([&](int64_t i, int64_t cnt) MOGA_INLINE_LAMBDA { return V::loadu(d + i, cnt); });
+      store_as(at::vec::fmadd(f, V::loadu(t + i, cnt), load_as<T>(w + i, cnt) * decay), w + i, cnt);
     }
+  }
+}
+
+// Rows of p = 2 with float storage (no scratch: pass B reads d from m, g or both), software-pipelined: one loop
+// makes pass A of row r (m and S) beside pass B of row r - 1 (W), so that g, m and W stream from memory
+// together, as in fused AdamW's single pass, and only row r - 1's d must stay in cache between the passes
+// (row_step's prefetches a row ahead kept up to four rows' lines in L1: 48 KiB for rows of 3072). Each
+// stream is prefetched kPipelineAhead elements ahead; without that the loop was 5% slower than row_step,
+// with it 4-7% faster (docs/results.md). Bit for bit row_step's results: each row's sums and updates are the same.
+constexpr int64_t kPipelineAhead = 768;
+
+template <typename T>
+void rows_p2_pipelined(const T* g, T* m, T* w, int64_t rows, int64_t n, const Config& cfg, double c) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(T));
+  const V decay(T(cfg.decay));
+  const Ema<T> ema(cfg);
+  const V unused_exponent(T(1));
+  // pass A of row r at element i: updates m, adds |d|^2 to s
+  auto a_at = [&](int64_t r, int64_t i, int64_t cnt, V& s) MOGA_INLINE_LAMBDA {
+    const int64_t off = r * n + i;
+    powered<T, Kind::P2>(direction(g + off, m ? m + off : nullptr, cnt, ema), s, unused_exponent);
+  };
+  // Row r's factor from its sum, or none where the rare path (a zero row, sums out of range) stepped it.
+  auto factor_of = [&](int64_t r, double total) -> std::optional<T> {
+    const int64_t off = r * n;
+    if (!sure_in_range<T>(total, n)) {
+      const double a = row_peak(g + off, m ? static_cast<const T*>(m + off) : nullptr, n, ema);
+      if (a == 0) {  // a zero row: only the decay
+        for (int64_t i = 0; i < n; i += L) {
+          const int64_t cnt = std::min(L, n - i);
+          store_as(V::loadu(w + off + i, cnt) * decay, w + off + i, cnt);
+        }
+        return std::nullopt;
+      }
+      if (!in_range<T>(total, a, cfg.p)) {
+        exact_row(g + off, m ? static_cast<const T*>(m + off) : nullptr, w + off, n, ema, cfg, c, scratch<T>(n, 0),
+                  scratch<T>(n, 1));
+        return std::nullopt;
+      }
+    }
+    return T(factor(total, cfg.p, c, Kind::P2));
+  };
+  // pass B of row r at element i: W <- decay W + f d, d the updated m as stored, Nesterov's look-ahead, or g
+  // (a choice per vector, invariant in the loop: one loop per source measured 3-5% slower)
+  auto b_at = [&](int64_t r, int64_t i, int64_t cnt, const V& f) MOGA_INLINE_LAMBDA {
+    const int64_t off = r * n + i;
+    V d;
+    if (m == nullptr) d = V::loadu(g + off, cnt);
+    else if (ema.nesterov) d = direction_again(g + off, static_cast<const T*>(m + off), cnt, ema);
+    else d = V::loadu(m + off, cnt);
+    store_as(at::vec::fmadd(f, d, V::loadu(w + off, cnt) * decay), w + off, cnt);
+  };
+  std::optional<T> pending;  // the factor of row r - 1, whose pass B is still to run
+  for (int64_t r = 0; r < rows; ++r) {
+    V s(T(0));
+    if (pending) {
+      const V f(*pending);
+      for (int64_t i = 0; i < n; i += L) {
+        const int64_t cnt = std::min(L, n - i), off = r * n + i;
+        prefetch_for_read(ahead(g + off, ahead_bytes));
+        if (m) prefetch_for_write(ahead(m + off, ahead_bytes));
+        prefetch_for_write(ahead(w + off - n, ahead_bytes));
+        a_at(r, i, cnt, s);
+        b_at(r - 1, i, cnt, f);
+      }
+    } else {
+      for (int64_t i = 0; i < n; i += L) a_at(r, i, std::min(L, n - i), s);
+    }
+    pending = factor_of(r, horizontal_sum(s));
+  }
+  if (pending) {
+    const V f(*pending);
+    for (int64_t i = 0; i < n; i += L) b_at(rows - 1, i, std::min(L, n - i), f);
   }
 }
 
@@ -584,6 +654,10 @@ void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   S* m = buf.defined() ? buf.data_ptr<S>() : nullptr;
   if (N == 1) {  // rows of length R
     at::parallel_for(0, B, row_grain(R), [&](int64_t lo, int64_t hi) {
+      if constexpr (K == Kind::P2 && std::is_same_v<S, T>) {
+        rows_p2_pipelined<T>(g + lo * R, m ? m + lo * R : nullptr, w + lo * R, hi - lo, R, cfg, c);
+        return;
+      }
       for (int64_t b = lo; b < hi; ++b) {
         const int64_t off = b * R;
         row_step<S, T, K>(g + off, m ? m + off : nullptr, w + off, R, cfg, c, b + 1 < hi);
