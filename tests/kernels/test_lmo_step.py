@@ -108,14 +108,15 @@ def test_zero_rows_and_extreme_magnitudes_are_exact(built, spec):
     assert torch.equal(kernel[zero], w[zero])  # a zero row moves by the decay only (here none)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("p", [2.0, 1.5])
 @pytest.mark.parametrize("momentum, nesterov", [(0.0, False), (0.9, False), (0.9, True)])
-def test_each_row_steps_as_it_would_alone(built, dtype, momentum, nesterov):
-    """Rows of p = 2 step in a pipeline (pass B of a row in the loop of the next row's pass A), so a row's
-    result must not depend on its neighbours: zero rows, rows whose sums under- or overflow and rows that need
-    a second look, first and last in a thread's range, twice in a row, on one thread and on two."""
+def test_each_row_steps_as_it_would_alone(built, dtype, p, momentum, nesterov):
+    """Rows step in a pipeline (pass B of a row in the loop of the next row's pass A), so a row's result
+    must not depend on its neighbours: zero rows, rows whose sums under- or overflow and rows that need a
+    second look, first and last in a thread's range, twice in a row, on one thread and on two."""
     rows, n = 2000, 40  # two threads split the rows 1000 and 1000
-    tiny, huge, small = (1e-30, 1e30, 3e-16) if dtype == torch.float32 else (1e-170, 1e170, 1e-150)
+    tiny, huge, small = (1e-170, 1e170, 1e-150) if dtype == torch.float64 else (1e-30, 1e30, 3e-16)
     scale = torch.ones(rows, 1, dtype=torch.float64)
     for row, s in {0: 0.0, 1: tiny, 500: huge, 501: small, 502: 0.0, 999: huge, 1000: tiny, 1998: small, 1999: 0.0}.items():
         scale[row] = s
@@ -124,7 +125,7 @@ def test_each_row_steps_as_it_would_alone(built, dtype, momentum, nesterov):
     lib = load_extension()
 
     def step(w, g, m):
-        lib.lmo_step([w], [g], [m] if momentum else [], None, [w.shape[0], n, 1], [-0.1], 2.0, momentum, nesterov,
+        lib.lmo_step([w], [g], [m] if momentum else [], None, [w.shape[0], n, 1], [-0.1], p, momentum, nesterov,
                      1 - 0.1 * 0.1)
 
     alone_w, alone_m = w0.clone(), m0.clone()

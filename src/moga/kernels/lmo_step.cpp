@@ -15,9 +15,8 @@
 //           a = max |d| (rows: only where S alone cannot rule out a zero or out-of-range row, sure_in_range);
 //   pass B: W <- decay * W + f * t, with f = c / S^((p-1)/p) (c = -lr * geometry factor).
 // Each pass prefetches the other's streams (pass A W's row, pass B the next row's g and m): each pass
-// alone keeps too few lines in flight for one core's bandwidth. Rows of p = 2 in float32 and float64 (the
-// common case) run the passes software-pipelined instead: pass B of a row in the loop of the next row's
-// pass A (rows_p2_pipelined).
+// alone keeps too few lines in flight for one core's bandwidth; rows go further and run the passes
+// software-pipelined, pass B of a row in the loop of the next row's pass A (pipelined_rows).
 // p == 1 is sign: a single pass. Rows whose sums would under- or overflow (the current path's
 // "huge/tiny magnitudes") are redone in double, divided by their maximum first.
 // Math is in float32 for float32 and bfloat16 parameters, float64 for float64.
@@ -349,7 +348,7 @@ MOGA_NOINLINE T row_peak(const S* g, const T* m, int64_t n, const Ema<T>& ema) {
 // A thread-local row of n elements of T, one per slot.
 template <typename T>
 T* scratch(int64_t n, int slot) {
-  thread_local std::vector<T> buffers[2];
+  thread_local std::vector<T> buffers[4];
   if (int64_t(buffers[slot].size()) < n) buffers[slot].resize(n);
   return buffers[slot].data();
 }
@@ -375,125 +374,93 @@ MOGA_NOINLINE void exact_row(const S* g, const T* m, S* w, int64_t n, const Ema<
   }
 }
 
-// One row; next_row: the row after it in memory (g + n, m + n) is this thread's next.
-template <typename S, typename T, Kind K>
-void row_step(const S* g, S* m, S* w, int64_t n, const Config& cfg, double c, bool next_row) {
+// Rows of sign: one pass.
+template <typename S, typename T>
+void sign_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cfg, double c) {
   using V = Vectorized<T>;
   constexpr int64_t L = V::size();
   const V decay(T(cfg.decay));
+  const V cv = V(T(c));
   const Ema<T> ema(cfg);
-  if constexpr (K == Kind::Sign) {
-    const V cv = V(T(c));
-    for (int64_t i = 0; i < n; i += L) {
-      const int64_t cnt = std::min(L, n - i);
-      V d = direction(g + i, m ? m + i : nullptr, cnt, ema);
-      store_as(at::vec::fmadd(cv, sign_of(d), load_as<T>(w + i, cnt) * decay), w + i, cnt);
-    }
-    return;
-  } else {  // p != 2, or bfloat16 storage (rows of p = 2 in float32 and float64: rows_p2_pipelined)
-    // t = sign(d)|d|^(p-1) (d itself for p = 2) from pass A to pass B. bfloat16 storage rounds m where it
-    // is stored, so t keeps d there (making it again from g and m's float copy measured ~15% slower with
-    // Nesterov), and no float copy of m is kept for p = 2.
-    T* t = scratch<T>(n, 0);
-    // The rare second look at d makes it from g and the updated m as computed: a bfloat16 m's float copy,
-    // or for p = 2 d itself in t, read as an m without Nesterov.
-    T* const m_kept = std::is_same_v<S, T> || m == nullptr || K == Kind::P2 ? nullptr : scratch<T>(n, 1);
-    const T* m_new = m_kept;
-    Ema<T> again = ema;
-    if constexpr (std::is_same_v<S, T>) {
-      m_new = m;
-    } else if constexpr (K == Kind::P2) {
-      m_new = t;
-      again.nesterov = false;
-    }
-    const V e = V(T(cfg.p - 1));
-    V s(T(0));
-    for (int64_t i = 0; i < n; i += L) {
-      const int64_t cnt = std::min(L, n - i);
-      prefetch_for_write(w + i);  // pass B's stream, in flight beside g and m: measured 2-13% faster
-      V d = direction(g + i, m ? m + i : nullptr, cnt, ema, m_kept ? m_kept + i : nullptr);
-      powered<T, K>(d, s, e).store(t + i, cnt);
-    }
-    const double total = horizontal_sum(s);
-    // The maximum |d| only tells a zero row and an out-of-range one, and a sum well inside the range rules
-    // out both: it is taken, in a second look at the row, only for the others (tracking it in pass A cost
-    // 5-8% of the step).
-    if (!sure_in_range<T>(total, n)) {
-      const double a = row_peak(g, m_new, n, again);
-      if (a == 0) {  // a zero row: only the decay
-        for (int64_t i = 0; i < n; i += L) {
-          const int64_t cnt = std::min(L, n - i);
-          store_as(load_as<T>(w + i, cnt) * decay, w + i, cnt);
-        }
-        return;
-      }
-      if (!in_range<T>(total, a, cfg.p)) {
-        exact_row(g, m_new, w, n, again, cfg, c, t, scratch<T>(n, 1));  // d into t: t[i] from m_new[i] only
-        return;
-      }
-    }
-    const V f(T(factor(total, cfg.p, c, K)));
-    for (int64_t i = 0; i < n; i += L) {  // pass B
-      const int64_t cnt = std::min(L, n - i);
-      if (next_row) {  // the next row's pass A streams, in flight during this pass (docs/results.md)
-        prefetch_for_read(g + n + i);
-        if (m) prefetch_for_write(m + n + i);
-      }
-      store_as(at::vec::fmadd(f, V::loadu(t + i, cnt), load_as<T>(w + i, cnt) * decay), w + i, cnt);
-    }
+  for (int64_t i = 0; i < rows * n; i += L) {  // rows are contiguous: one sweep
+    const int64_t cnt = std::min(L, rows * n - i);
+    V d = direction(g + i, m ? m + i : nullptr, cnt, ema);
+    store_as(at::vec::fmadd(cv, sign_of(d), load_as<T>(w + i, cnt) * decay), w + i, cnt);
   }
 }
 
-// Rows of p = 2 with float storage (no scratch: pass B reads d from m, g or both), software-pipelined: one loop
-// makes pass A of row r (m and S) beside pass B of row r - 1 (W), so that g, m and W stream from memory
-// together, as in fused AdamW's single pass, and only row r - 1's d must stay in cache between the passes
-// (row_step's prefetches a row ahead kept up to four rows' lines in L1: 48 KiB for rows of 3072). Each
-// stream is prefetched kPipelineAhead elements ahead; without that the loop was 5% slower than row_step,
-// with it 4-7% faster (docs/results.md). Bit for bit row_step's results: each row's sums and updates are the same.
+// Rows of p > 1, software-pipelined: one loop makes pass A of row r (m, S and t) beside pass B of row
+// r - 1 (W), so that g, m and W stream from memory together, as in fused AdamW's single pass, and only row
+// r - 1's t must stay in cache between its passes. Each stream is prefetched kPipelineAhead elements ahead.
+// Against two passes per row, each prefetching the other's streams a row ahead (which kept up to four
+// rows' lines in L1: 48 KiB for rows of 3072), this measured 4-7% faster for float32 rows of p = 2 and
+// 12-16% for p = 1.5 and for bfloat16 (without the prefetches, 5% slower: docs/results.md, Benchmarks).
+// Bit for bit the same results: each row's sums and updates are made as before.
 constexpr int64_t kPipelineAhead = 768;
 
-template <typename T>
-void rows_p2_pipelined(const T* g, T* m, T* w, int64_t rows, int64_t n, const Config& cfg, double c) {
+template <typename S, typename T, Kind K>
+void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cfg, double c) {
   using V = Vectorized<T>;
   constexpr int64_t L = V::size();
-  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(T));
+  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(S));
+  // t = sign(d)|d|^(p-1) from pass A to pass B, one scratch row for each of the two rows in flight. Not
+  // for p = 2 with float storage: there t = d, which pass B makes again from m (or g, or both for
+  // Nesterov), still in cache. bfloat16 storage rounds m where it is stored, so there t keeps d (making it
+  // again from g and m's float copy measured ~15% slower with Nesterov).
+  constexpr bool keeps_t = K != Kind::P2 || !std::is_same_v<S, T>;
+  T* const t_rows[2] = {keeps_t ? scratch<T>(n, 0) : nullptr, keeps_t ? scratch<T>(n, 1) : nullptr};
+  // The rare second look at a row's d makes it from g and the updated m as computed: a bfloat16 m's float
+  // copy (m_kept, row r's), or for p = 2 d itself in t, read as an m without Nesterov.
+  T* const m_kept = std::is_same_v<S, T> || m == nullptr || K == Kind::P2 ? nullptr : scratch<T>(n, 2);
   const V decay(T(cfg.decay));
   const Ema<T> ema(cfg);
-  const V unused_exponent(T(1));
-  // pass A of row r at element i: updates m, adds |d|^2 to s
+  const V e = V(T(cfg.p - 1));
+  // pass A of row r at element i: updates m, adds |d|^p to s, keeps t
   auto a_at = [&](int64_t r, int64_t i, int64_t cnt, V& s) MOGA_INLINE_LAMBDA {
     const int64_t off = r * n + i;
-    powered<T, Kind::P2>(direction(g + off, m ? m + off : nullptr, cnt, ema), s, unused_exponent);
+    const V d = direction(g + off, m ? m + off : nullptr, cnt, ema, m_kept ? m_kept + i : nullptr);
+    const V u = powered<T, K>(d, s, e);
+    if constexpr (keeps_t) u.store(t_rows[r & 1] + i, cnt);
   };
-  // Row r's factor from its sum, or none where the rare path (a zero row, sums out of range) stepped it.
-  auto factor_of = [&](int64_t r, double total) -> std::optional<T> {
-    const int64_t off = r * n;
-    if (!sure_in_range<T>(total, n)) {
-      const double a = row_peak(g + off, m ? static_cast<const T*>(m + off) : nullptr, n, ema);
-      if (a == 0) {  // a zero row: only the decay
-        for (int64_t i = 0; i < n; i += L) {
-          const int64_t cnt = std::min(L, n - i);
-          store_as(V::loadu(w + off + i, cnt) * decay, w + off + i, cnt);
-        }
-        return std::nullopt;
-      }
-      if (!in_range<T>(total, a, cfg.p)) {
-        exact_row(g + off, m ? static_cast<const T*>(m + off) : nullptr, w + off, n, ema, cfg, c, scratch<T>(n, 0),
-                  scratch<T>(n, 1));
-        return std::nullopt;
-      }
-    }
-    return T(factor(total, cfg.p, c, Kind::P2));
-  };
-  // pass B of row r at element i: W <- decay W + f d, d the updated m as stored, Nesterov's look-ahead, or g
-  // (a choice per vector, invariant in the loop: one loop per source measured 3-5% slower)
+  // pass B of row r at element i: W <- decay W + f t (t from its source: a choice per vector, invariant
+  // in the loop; one loop per source measured 3-5% slower)
   auto b_at = [&](int64_t r, int64_t i, int64_t cnt, const V& f) MOGA_INLINE_LAMBDA {
     const int64_t off = r * n + i;
-    V d;
-    if (m == nullptr) d = V::loadu(g + off, cnt);
-    else if (ema.nesterov) d = direction_again(g + off, static_cast<const T*>(m + off), cnt, ema);
-    else d = V::loadu(m + off, cnt);
-    store_as(at::vec::fmadd(f, d, V::loadu(w + off, cnt) * decay), w + off, cnt);
+    V t;
+    if constexpr (keeps_t) t = V::loadu(t_rows[r & 1] + i, cnt);
+    else if (m == nullptr) t = load_as<T>(g + off, cnt);
+    else if (ema.nesterov) t = direction_again(g + off, reinterpret_cast<const T*>(m + off), cnt, ema);
+    else t = load_as<T>(m + off, cnt);
+    store_as(at::vec::fmadd(f, t, load_as<T>(w + off, cnt) * decay), w + off, cnt);
+  };
+  // Row r's factor f = c / S^((p-1)/p), or none where the rare path stepped the row. The maximum |d| only
+  // tells a zero row and an out-of-range one, and a sum well inside the range rules out both: it is taken,
+  // in a second look at the row, only for the others (tracking it in pass A cost 5-8% of the step).
+  auto factor_of = [&](int64_t r, double total) -> std::optional<T> {
+    const int64_t off = r * n;
+    if (sure_in_range<T>(total, n)) return T(factor(total, cfg.p, c, K));
+    const T* m_new = m_kept;
+    Ema<T> again = ema;
+    if constexpr (std::is_same_v<S, T>) {
+      m_new = m ? reinterpret_cast<const T*>(m + off) : nullptr;
+    } else if constexpr (K == Kind::P2) {
+      m_new = t_rows[r & 1];
+      again.nesterov = false;
+    }
+    const double a = row_peak(g + off, m_new, n, again);
+    if (a == 0) {  // a zero row: only the decay
+      for (int64_t i = 0; i < n; i += L) {
+        const int64_t cnt = std::min(L, n - i);
+        store_as(load_as<T>(w + off + i, cnt) * decay, w + off + i, cnt);
+      }
+      return std::nullopt;
+    }
+    if (!in_range<T>(total, a, cfg.p)) {  // d into row r's t (t[i] from m_new[i] only)
+      exact_row(g + off, m_new, w + off, n, again, cfg, c, keeps_t ? t_rows[r & 1] : scratch<T>(n, 0),
+                scratch<T>(n, 3));
+      return std::nullopt;
+    }
+    return T(factor(total, cfg.p, c, K));
   };
   std::optional<T> pending;  // the factor of row r - 1, whose pass B is still to run
   for (int64_t r = 0; r < rows; ++r) {
@@ -654,14 +621,9 @@ void tensor_step(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   S* m = buf.defined() ? buf.data_ptr<S>() : nullptr;
   if (N == 1) {  // rows of length R
     at::parallel_for(0, B, row_grain(R), [&](int64_t lo, int64_t hi) {
-      if constexpr (K == Kind::P2 && std::is_same_v<S, T>) {
-        rows_p2_pipelined<T>(g + lo * R, m ? m + lo * R : nullptr, w + lo * R, hi - lo, R, cfg, c);
-        return;
-      }
-      for (int64_t b = lo; b < hi; ++b) {
-        const int64_t off = b * R;
-        row_step<S, T, K>(g + off, m ? m + off : nullptr, w + off, R, cfg, c, b + 1 < hi);
-      }
+      const int64_t off = lo * R;
+      if constexpr (K == Kind::Sign) sign_rows<S, T>(g + off, m ? m + off : nullptr, w + off, hi - lo, R, cfg, c);
+      else pipelined_rows<S, T, K>(g + off, m ? m + off : nullptr, w + off, hi - lo, R, cfg, c);
     });
     return;
   }
