@@ -14,9 +14,9 @@
 //           (for p = 2 t = d, which pass B makes again from g and the new m for float storage: no scratch);
 //           a = max |d| (rows: only where S alone cannot rule out a zero or out-of-range row, sure_in_range);
 //   pass B: W <- decay * W + f * t, with f = c / S^((p-1)/p) (c = -lr * geometry factor).
-// Each pass prefetches the other's streams (pass A W's row, pass B the next row's g and m): each pass
-// alone keeps too few lines in flight for one core's bandwidth; rows go further and run the passes
-// software-pipelined, pass B of a row in the loop of the next row's pass A (pipelined_rows).
+// Rows run the passes software-pipelined, pass B of a row in the loop of the next row's pass A, every
+// stream prefetched ahead (pipelined_rows): each pass alone keeps too few lines in flight for one core's
+// bandwidth.
 // p == 1 is sign: a single pass. Rows whose sums would under- or overflow (the current path's
 // "huge/tiny magnitudes") are redone in double, divided by their maximum first.
 // Math is in float32 for float32 and bfloat16 parameters, float64 for float64.
