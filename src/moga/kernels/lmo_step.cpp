@@ -429,37 +429,39 @@ void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Confi
     V t;
     if constexpr (keeps_t) t = V::loadu(t_rows[r & 1] + i, cnt);
     else if (m == nullptr) t = load_as<T>(g + off, cnt);
-    else if (ema.nesterov) t = direction_again(g + off, reinterpret_cast<const T*>(m + off), cnt, ema);
+    else if (ema.nesterov) t = direction_again(g + off, m + off, cnt, ema);
     else t = load_as<T>(m + off, cnt);
     store_as(at::vec::fmadd(f, t, load_as<T>(w + off, cnt) * decay), w + off, cnt);
   };
-  // Row r's factor f = c / S^((p-1)/p), or none where the rare path stepped the row. The maximum |d| only
-  // tells a zero row and an out-of-range one, and a sum well inside the range rules out both: it is taken,
-  // in a second look at the row, only for the others (tracking it in pass A cost 5-8% of the step).
-  auto factor_of = [&](int64_t r, double total) -> std::optional<T> {
+  // The rare row whose sum alone cannot rule out a zero row or an out-of-range one: the maximum |d|, taken in
+  // a second look at the row (tracking it in pass A cost 5-8% of the step), tells. Returns whether it
+  // stepped the row (a zero row: only the decay; out of range: exactly, in double).
+  auto stepped_rare = [&](int64_t r, double total) -> bool {
     const int64_t off = r * n;
-    if (sure_in_range<T>(total, n)) return T(factor(total, cfg.p, c, K));
     const T* m_new = m_kept;
     Ema<T> again = ema;
     if constexpr (std::is_same_v<S, T>) {
-      m_new = m ? reinterpret_cast<const T*>(m + off) : nullptr;
+      m_new = m ? m + off : nullptr;
     } else if constexpr (K == Kind::P2) {
       m_new = t_rows[r & 1];
       again.nesterov = false;
     }
     const double a = row_peak(g + off, m_new, n, again);
-    if (a == 0) {  // a zero row: only the decay
+    if (a == 0) {
       for (int64_t i = 0; i < n; i += L) {
         const int64_t cnt = std::min(L, n - i);
         store_as(load_as<T>(w + off + i, cnt) * decay, w + off + i, cnt);
       }
-      return std::nullopt;
+      return true;
     }
-    if (!in_range<T>(total, a, cfg.p)) {  // d into row r's t (t[i] from m_new[i] only)
-      exact_row(g + off, m_new, w + off, n, again, cfg, c, keeps_t ? t_rows[r & 1] : scratch<T>(n, 0),
-                scratch<T>(n, 3));
-      return std::nullopt;
-    }
+    if (in_range<T>(total, a, cfg.p)) return false;
+    // d into row r's t (t[i] from m_new[i] only)
+    exact_row(g + off, m_new, w + off, n, again, cfg, c, keeps_t ? t_rows[r & 1] : scratch<T>(n, 0), scratch<T>(n, 3));
+    return true;
+  };
+  // Row r's factor f = c / S^((p-1)/p), or none where the rare path stepped the row.
+  auto factor_of = [&](int64_t r, double total) -> std::optional<T> {
+    if (!sure_in_range<T>(total, n) && stepped_rare(r, total)) return std::nullopt;
     return T(factor(total, cfg.p, c, K));
   };
   std::optional<T> pending;  // the factor of row r - 1, whose pass B is still to run
