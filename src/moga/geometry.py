@@ -103,6 +103,7 @@ class Geometry(metaclass=_ZeroSizeSafe):
 
     name = "geometry"
     matrix = True  # needs a layout with fan_out and fan_in axes
+    batched = True  # same-shape whole-matrix steps may share one batched call (see Spectral)
 
     def reduced_dims(self, layout: str | Layout | None = None) -> tuple[int, ...]:
         """The tensor dims the step reduces over: sharding one of them needs ``reduce``."""
@@ -304,7 +305,7 @@ class Vector(Geometry):
         return 1.0
 
 
-SPECTRAL_SCALES = ("mean", "torch")
+SPECTRAL_SCALES = ("mean", "torch", "match_rms_adamw")
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,8 @@ class Spectral(Geometry):
     """``(2,mean)->(2,mean)`` (Muon): ``-s(m,n) U V^T`` for ``G = U S V^T``.
 
     ``scale="mean"`` is docs/math.md §3.5's ``s = sqrt(m/n)``; ``scale="torch"`` is torch.optim.Muon's
-    ``sqrt(max(1, m/n))``, which is the same construction for the norm ``||D||_{2->2} / s``. The polar
+    ``sqrt(max(1, m/n))`` and ``"match_rms_adamw"`` Moonlight's ``0.2 sqrt(max(m, n))`` (torch's
+    ``adjust_lr_fn="match_rms_adamw"``), each the same construction for the norm ``||D||_{2->2} / s``. The polar
     factor comes from a Newton-Schulz iteration (torch.optim.Muon's defaults) or, as the reference,
     an exact SVD (``method="svd"``). ``dtype="auto"`` uses bfloat16 on GPUs and on CPUs with bfloat16
     matrix units, float32 on other CPUs, where bfloat16 matmuls are slow.
@@ -339,7 +341,16 @@ class Spectral(Geometry):
         object.__setattr__(self, "coefficients", tuple(float(c) for c in self.coefficients))
 
     def factor(self, m: int, n: int) -> float:
+        if self.scale == "match_rms_adamw":
+            return 0.2 * math.sqrt(max(m, n))  # torch's expression, so that lr x factor rounds as torch's
         return math.sqrt(m / n) if self.scale == "mean" else math.sqrt(max(1.0, m / n))
+
+    @property
+    def batched(self) -> bool:
+        """Whether same-shape matrices may share one batched Newton-Schulz call. Not under torch's scale or an
+        explicit bfloat16, which promise torch.optim.Muon's numbers: a batched bfloat16 product can round
+        differently from torch's per-matrix one on some CPUs."""
+        return self.scale != "torch" and self.dtype != "bfloat16"
 
     def reduced_dims(self, layout=None):
         lay = _as_layout(layout)

@@ -201,7 +201,7 @@ class RolePlan:
             source = " (nesterov= sets it; left unset, the preset's)" if self.preset is not None else ""
             notes.append(f"momentum: {self.momentum}{source}")
         if lrs is not None:
-            preset = f"MOGA's preset {self.preset!r}, " if self.preset is not None else ""
+            preset = f"the preset {self.preset!r}, " if self.preset is not None else ""
             notes.append(f"lr x: each parameter steps at lr times its role's multiplier ({preset}lr_multipliers= "
                          "override it role by role)")
         return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, body),

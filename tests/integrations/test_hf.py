@@ -48,6 +48,10 @@ def test_create_optimizer_warns_on_transformers_default_lr(tmp_path):
                                          r"moga's unit steps want about 0.03125 \(its default\)"):
         opt = create_optimizer(model, args)
     assert opt.param_groups[0]["lr"] == 5e-5  # used as given, only flagged
+    with pytest.warns(UserWarning, match=r"muon's unit steps want about 0.001 \(its default\)"):
+        create_optimizer(model, args, name="muon")  # the published recipe's default lr
+    with pytest.warns(UserWarning, match=r"muon's unit steps want about 0.02 \(its default\)"):
+        create_optimizer(model, args, name="muon", preset="moga")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         create_optimizer(model, args, lr=2**-5)  # an explicit lr, or a set learning_rate, is not flagged

@@ -39,7 +39,7 @@ FSDP_CASES = {
     "col-q2": lambda m: MOGA(m, lr=0.02, geometries=matrices("col(q=2)")),
     "sign": lambda m: MOGA(m, lr=0.02, geometries=matrices("sign"), vectors="sign"),
     "embedding-q3": lambda m: MOGA(m, lr=0.02, embedding_q=3.0),
-    "muon": lambda m: Muon(m, lr=0.02),
+    "muon": lambda m: Muon(m, lr=0.02, preset="moga"),  # spectral on every matrix: the most to shard
     "scaled-adamw": lambda m: ScaledAdamW(m, lr=0.01),
 }
 
@@ -206,7 +206,8 @@ def ddp_muon_case() -> dict:
     grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(STEPS)]
     split = [nn.Parameter(t.clone()) for t in init]
     alone = [nn.Parameter(t.clone()) for t in init]
-    opt_split, opt_alone = Muon(split, lr=0.02), Muon(alone, lr=0.02, distributed=False)
+    opt_split = Muon(split, lr=0.02, preset="moga")
+    opt_alone = Muon(alone, lr=0.02, preset="moga", distributed=False)
     calls, logs = [0], []
     original = moga.geometry.orthogonalize
 
@@ -236,9 +237,9 @@ def ddp_gpt_case() -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     ref = gpt()
-    ref_opt = Muon(ref, lr=0.02, distributed=False)
+    ref_opt = Muon(ref, lr=0.02, preset="moga", distributed=False)
     model = DistributedDataParallel(gpt())
-    opt = Muon(model.module, lr=0.02)
+    opt = Muon(model.module, lr=0.02, preset="moga")
     rank, logs = dist.get_rank(), []
     for step in range(STEPS):
         idx, targets = batch(step)

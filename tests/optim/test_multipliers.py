@@ -207,7 +207,7 @@ def test_the_preset_reaches_the_param_groups_and_the_printed_plan(scaled_default
     assert table[0].split()[-2:] == ["lr", "x"]
     assert table[2].split()[0] == "wte.weight" and table[2].split()[-1] == "0.25"
     assert next(line for line in table if line.startswith("lm_head.weight")).split()[-1] == "1"
-    assert "MOGA's preset 'default'" in table[-1]
+    assert "the preset 'default'" in table[-1]
     assert table[-2].startswith("momentum: EMA 0.9, Nesterov")
     paper = MOGA(tiny_gpt(), lr=LR, preset="paper")
     assert {(g["preset"], g["nesterov"]) for g in paper.param_groups} == {("paper", False)}

@@ -16,7 +16,7 @@ OPTIMIZERS = {
     "moga-col-q2": lambda w: MOGA([w], lr=0.1, geometry="col(q=2)"),
     "moga-sign": lambda w: MOGA([w], lr=0.1, geometry="sign"),
     "adamw-scaled": lambda w: ScaledAdamW([w], lr=0.1),
-    "muon": lambda w: Muon([w], lr=0.1),
+    "muon": lambda w: Muon([w], lr=0.1, scale="mean", weight_decay=0.0),  # the geometry's factor
 }
 WIDTHS = [64, 256, 1024, 4096]
 
@@ -40,6 +40,14 @@ def test_hidden_output_change_is_width_independent(name):
     rms = [output_change_rms(OPTIMIZERS[name], n) for n in widths]
     assert max(rms) / min(rms) < 1.3, dict(zip(widths, rms))
     assert 0.01 < rms[0] < 0.5  # O(lr), not vanishing
+
+
+def test_published_muon_keeps_adamws_update_rms_so_its_output_change_grows_like_sqrt_width():
+    """Moonlight's factor 0.2 sqrt(max(m, n)) fixes the step's entrywise RMS, as AdamW's is fixed: the output
+    change then grows like sqrt(width) (docs/math.md §3.5), about 2x per 4x width."""
+    rms = [output_change_rms(lambda w: Muon([w], lr=0.1, weight_decay=0.0), n) for n in WIDTHS[:3]]
+    for a, b in zip(rms, rms[1:]):
+        assert 1.5 < b / a < 2.5, rms
 
 
 def test_control_unscaled_sign_step_grows_with_width():

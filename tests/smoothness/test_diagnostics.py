@@ -33,7 +33,8 @@ EXACT_OVERRIDES = {**MIXED_OVERRIDES, "head.weight": {"geometry": "spectral(meth
     # the paper's preset: every group at one lr, the one the block comparison below is given
     lambda m: MOGA(m, lr=0.05, momentum=0.9, weight_decay=0.1, vectors="sign", overrides=EXACT_OVERRIDES,
                    preset="paper"),
-    lambda m: Muon(m, lr=0.03, weight_decay=0.2, method="svd", vectors="sign", overrides={"experts": "hidden:boi"}),
+    lambda m: Muon(m, lr=0.03, weight_decay=0.2, method="svd", vectors="sign", overrides={"experts": "hidden:boi"},
+                   preset="moga"),  # every group a steepest-descent step
 ], ids=["moga", "muon-svd"])
 def test_update_norm_is_lr_for_lmo_steps(make):
     torch.manual_seed(0)

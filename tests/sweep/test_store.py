@@ -200,6 +200,32 @@ def test_a_mixed_sweeps_base_nesterov_is_compared_as_a_key(tmp_path, monkeypatch
         store.create_or_check(moga_sweep({"optim.name": ["moga", "muon"]}, nesterov=False))
 
 
+def test_a_store_from_before_the_published_muon_is_refused_and_resumes_on_the_old_recipe(tmp_path):
+    """A store without the Muon record ran moga's all-geometry Muon in its Muon cells: resuming them on the
+    published recipe would mix the two, so it is refused; pinning optim.preset: moga on its Muon cells runs what
+    they ran (and hashes as they did), so that extends it."""
+    import sqlite3
+
+    from moga.sweep.spec import SweepError
+
+    def muon_sweep(**optim):
+        base = {**BASE, "optim": {"name": "muon", "lr": 0.05, **optim}}
+        return Sweep.from_dict({"base": base, "axes": {"optim.lr": [0.05], "model.depth": [1]},
+                                "scale_key": "model.depth"})
+
+    store = SweepStore(tmp_path / "sweep")
+    store.create_or_check(muon_sweep())
+    assert store.definition()["muon_default_preset"] == "published"
+    definition = {k: v for k, v in store.definition().items() if k != "muon_default_preset"}  # the old record
+    with sqlite3.connect(store.path) as con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'sweep'", (json.dumps(definition),))
+    con.close()
+    with pytest.raises(SweepError, match=r"Muon's default became the published recipe .* its finished Muon cells "
+                       r"ran moga's all-geometry Muon \(optim.preset: moga on every Muon cell runs what they ran\)"):
+        SweepStore(tmp_path / "sweep").create_or_check(muon_sweep())
+    assert SweepStore(tmp_path / "sweep").create_or_check(muon_sweep(preset="moga")) == {"added": 0, "dropped": 0}
+
+
 def test_a_preset_axis_on_the_default_is_refused_once_the_default_changed(tmp_path, monkeypatch):
     from moga.optim.multipliers import PRESETS, Preset
     from moga.sweep.spec import SweepError

@@ -293,7 +293,7 @@ def test_a_preset_reaches_the_optimizer_and_hashes_by_what_it_runs(monkeypatch):
         build_config(tiny()))).preset == "default"
     for name in ("adamw", "muon"):
         build_config(tiny(optim={"name": name, "preset": "paper"}))
-    with pytest.raises(ConfigError, match="optim.preset: Input should be 'default' or 'paper'"):
+    with pytest.raises(ConfigError, match="optim.preset: Input should be 'default', 'paper', 'published' or 'moga'"):
         build_config(tiny(optim={"preset": "papers"}))
     monkeypatch.setitem(PRESETS, "default", PAPER)  # while the default is the paper's choice
     unset, paper, default = (build_config(tiny(optim=o)).hash() for o in ({}, {"preset": "paper"}, {"preset": "default"}))
@@ -335,7 +335,7 @@ BEFORE_NESTEROV = {
     "paper, tables, nesterov": ({"preset": "paper", "lr_multipliers": {"embedding": 0.0625}, "nesterov": True},
                                 "38e0ee9734398d21"),
     "default, nesterov on": ({"nesterov": True}, "5fbabaa0eaa6e8fd"),
-    "muon": ({"name": "muon"}, "cd464e27c8078838"),
+    "muon": ({"name": "muon", "preset": "moga"}, "cd464e27c8078838"),  # the old recipe, by name
     "sgd": ({"name": "sgd", "momentum": 0.9}, "7d288ea8f0a0fd03"),
 }
 DEFAULT_BEFORE_NESTEROV = "abd0fae829163ab8"  # tiny() on the default (tables at lr/16, plain momentum)
@@ -345,6 +345,25 @@ DEFAULT_BEFORE_NESTEROV = "abd0fae829163ab8"  # tiny() on the default (tables at
 def test_a_config_that_runs_what_it_ran_before_the_default_took_nesterov_keeps_its_hash(case):
     optim, before = BEFORE_NESTEROV[case]
     assert build_config(tiny(optim=optim)).hash() == before
+
+
+def test_muon_hashes_by_its_recipe_and_a_run_of_the_old_one_is_named():
+    """Every Muon run before the published recipe ran moga's all-geometry Muon: that hash is preset moga's now, and
+    a resume refused for it names the setting; MOGA's names on a Muon cell run Muon's default; Muon's names are
+    not MOGA's."""
+    from moga.train.config import hash_diff
+
+    old = BEFORE_NESTEROV["muon"][1]
+    published = build_config(tiny(optim={"name": "muon"}))
+    assert published.hash() != old
+    assert build_config(tiny(optim={"name": "muon", "preset": "paper"})).hash() == published.hash()
+    assert build_config(tiny(optim={"name": "muon", "preset": "published"})).hash() == published.hash()
+    (why,) = hash_diff(published, published, old)
+    assert why.endswith("resumes with optim.preset=moga")
+    with pytest.raises(ConfigError, match="optim.preset 'moga' is Muon's; MOGA's presets: default, paper"):
+        build_config(tiny(optim={"preset": "moga"}))
+    with pytest.raises(ConfigError, match="did you mean 'preset'"):
+        build_config(tiny(optim={"name": "muon", "presets": "moga"}))
 
 
 def test_the_default_hashes_by_its_momentum():

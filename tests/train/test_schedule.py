@@ -58,3 +58,25 @@ def test_degenerate_lengths():
         build_schedule(ScheduleConfig(name="cosine", warmup_steps=20), 10, None)
     with pytest.raises(ValueError, match="epochs"):
         build_schedule(ScheduleConfig(name="cosine", warmup_epochs=1), 10, None)
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
+    cfg = ScheduleConfig(name="wsd", warmup_steps=2, decay_fraction=0.4, min_lr_ratio=0.0)
+    s = build_schedule(cfg, 10, None)
+    assert [s.factor(i) for i in range(10)] == pytest.approx([1 / 3, 2 / 3, 1, 1, 1, 1, 0.75, 0.5, 0.25, 0.0])
+
+
+def test_wsd_budgets_share_the_stable_phase():
+    """A short budget's run is the long one's until its own decay starts: branching a cooldown from the long
+    run's checkpoint there gives the short run."""
+    cfg = ScheduleConfig(name="wsd", warmup_steps=5, decay_fraction=0.2)
+    short, long = build_schedule(cfg, 100, None), build_schedule(cfg, 800, None)
+    assert all(short.factor(i) == long.factor(i) for i in range(80))
+    assert short.factor(99) == pytest.approx(0.1) and long.factor(99) == 1.0
+
+
+def test_wsd_bad_lengths_are_clear_errors():
+    with pytest.raises(ValueError, match="warmup .* and decay .* are longer than the run"):
+        build_schedule(ScheduleConfig(name="wsd", warmup_steps=9, decay_fraction=0.5), 10, None)
+    with pytest.raises(ValueError, match="decay_fraction applies to schedule 'wsd'"):
+        ScheduleConfig(name="cosine", decay_fraction=0.5)

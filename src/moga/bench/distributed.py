@@ -53,7 +53,7 @@ OPTIMIZERS = {
     "moga-row-p1.5": lambda m: MOGA(_groups(m, "row(p=1.5)", "embedding(q=2)"), lr=1e-3, nesterov=False),
     "moga-col-q2": lambda m: MOGA(_groups(m, "col(q=2)", "embedding(q=2)"), lr=1e-3, nesterov=False),
     "moga-sign": lambda m: MOGA(_groups(m, "sign", "embedding(q=2)"), lr=1e-3, nesterov=False),
-    "moga-muon": lambda m: Muon(_groups(m, None, "embedding(q=2)"), lr=1e-3),
+    "moga-muon": lambda m: Muon(_groups(m, None, "embedding(q=2)"), lr=1e-3, weight_decay=0.0),
     "moga-adamw-scaled": lambda m: ScaledAdamW(_groups(m, None, "embedding(q=inf)", "adam"), lr=1e-3),
 }
 

@@ -78,7 +78,7 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "moga-col-q2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="col(q=2)", nonfinite="ignore", nesterov=False),
     "moga-sign": lambda ps: MOGA(ps, lr=1e-3, geometry="sign", nesterov=False),
     "moga-sign-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="sign", nonfinite="ignore", nesterov=False),
-    "moga-muon": lambda ps: Muon(ps, lr=1e-3),
+    "moga-muon": lambda ps: Muon(ps, lr=1e-3, weight_decay=0.0),  # as torch-muon above
     "moga-adamw-scaled": lambda ps: ScaledAdamW(ps, lr=1e-3),
 }
 

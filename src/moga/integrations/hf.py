@@ -16,6 +16,7 @@ from torch import nn
 
 from moga.optim import MOGA, Muon, ScaledAdamW
 from moga.optim.base import GeometryOptimizer
+from moga.optim.muon import MUON_DEFAULT, muon_preset
 from moga.optim.registry import OPTIMIZERS as REGISTRY
 from moga.optim.registry import UNIT_STEP_OPTIMIZERS as OPTIMIZERS
 
@@ -39,6 +40,8 @@ def create_optimizer(model: nn.Module, args, name: str = "moga", **kwargs) -> Ge
     model = getattr(model, "module", model)  # a DDP / Accelerate wrapper holds the model in .module
     if "lr" not in kwargs and args.learning_rate == _default_learning_rate(args):
         own = inspect.signature(_CLASSES[key]).parameters["lr"].default
+        if own is None:  # a preset's (Muon's)
+            own = muon_preset(kwargs.get("preset", MUON_DEFAULT)).lr
         warnings.warn(f"learning_rate is TrainingArguments' default {args.learning_rate:g}, an AdamW rate; "
                       f"{key}'s unit steps want about {own:g} (its default): set TrainingArguments(learning_rate=...)"
                       " or pass lr=", stacklevel=2)

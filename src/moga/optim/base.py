@@ -172,15 +172,21 @@ class GeometryOptimizer(Optimizer):
 
     def _momentum_in_words(self) -> str | None:
         """E.g. "EMA 0.9, Nesterov" for the lmo groups (Adam's groups have their betas), None without any."""
-        words = {}
+        words, adam = {}, {}
         for g in self.param_groups:
             if g["update"] == "lmo":
                 kind = "Nesterov" if g["nesterov"] else "plain"
                 words.setdefault(f"EMA {g['momentum']:g}, {kind}" if g["momentum"] > 0 else "none", []).append(
                     g.get("role", "?"))
-        if len(words) <= 1:
+            else:  # the Adam groups' momentum is their betas; where the plan says 'vector', a step without factor
+                adam.setdefault(f"AdamW, betas ({g['betas'][0]:g}, {g['betas'][1]:g})", []).append(g.get("role", "?"))
+        if len(words) <= 1 and not adam:
             return next(iter(words), None)
-        return "; ".join(f"{', '.join(dict.fromkeys(roles))}: {w}" for w, roles in words.items())
+        if len(words) <= 1:
+            said = list(words)
+        else:
+            said = [f"{', '.join(dict.fromkeys(roles))}: {w}" for w, roles in words.items()]
+        return "; ".join(said + [f"{', '.join(dict.fromkeys(roles))}: {w}" for w, roles in adam.items()])
 
     @property
     def skipped_steps(self) -> int:

@@ -78,7 +78,8 @@ def lmo_steps_(geometry: Geometry, layouts: list, params: list[torch.Tensor], ta
         write_back(bufs, directions)
     if weight_decay:
         torch._foreach_mul_(targets, gate(ok, 1 - lr * weight_decay, 1.0))
-    if (len(params) > 1 and needs_whole(geometry, layouts[0]) and not split_replicated
+    if (len(params) > 1 and needs_whole(geometry, layouts[0]) and geometry.batched
+            and not split_replicated
             and not any(isinstance(p, DTensor) for p in params)):
         _batched_whole_steps_(geometry, layouts, targets, grads, directions, momentum, nesterov, alpha, ok, workspace)
         return []

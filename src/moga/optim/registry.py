@@ -18,7 +18,7 @@ from torch import nn
 from moga.optim.adamw_scaled import ScaledAdamW
 from moga.optim.adaptive import AdaptiveGD
 from moga.optim.moga import MOGA
-from moga.optim.muon import Muon
+from moga.optim.muon import MUON_PRESETS, Muon
 from moga.optim.options import SharedOptions, warn_if_decay_diverges
 
 # Arguments a config does not set as optim keys: the builder's own (model, lr, weight_decay are optim fields of
@@ -94,13 +94,22 @@ def _moga(model, weight_decay=0.0, matrices=None, **kw):
     return MOGA(model, weight_decay=weight_decay, **kw)
 
 
+@_passes_to(Muon)
+def _muon(model, weight_decay=0.0, preset=None, **kw):
+    """Muon; a config's ``optim.preset`` that is MOGA's (a reproduction pins one for all it sweeps) runs Muon's
+    default, the published recipe."""
+    return Muon(model, weight_decay=weight_decay, preset=preset if preset in MUON_PRESETS else "published", **kw)
+
+
 def _adaptive(model, weight_decay=0.0, lr=1.0, layers=None, nonfinite=None):
     return AdaptiveGD(model.parameters(), alpha=lr, layers=layers, nonfinite=nonfinite or "skip")
 
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {e.name: e for e in (
     OptimizerEntry("moga", _moga, unit_steps=True, description="MOGA: row(p) on matrices"),
-    OptimizerEntry("muon", _geometry(Muon), unit_steps=True, description="Muon: the spectral geometry on matrices"),
+    OptimizerEntry("muon", _muon, unit_steps=True,
+                   description="Muon: orthogonalized hidden matrices, AdamW elsewhere (preset moga: spectral on "
+                   "every matrix)"),
     # torch's own optimizers take more than a config names (amsgrad, foreach, ...): their keys are listed
     OptimizerEntry("adamw", _torch(torch.optim.AdamW), frozenset({"betas", "eps", "fused"}), default_lr=1e-3,
                    description="torch.optim.AdamW, no width factors"),

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from moga.optim.multipliers import PAPER, Preset, preset_options
+from moga.optim.muon import MUON_DEFAULT
 from moga.status import DONE, Status
 from moga.sweep.spec import Sweep, SweepError, SweepSpec, cell_id
 
@@ -94,6 +95,8 @@ def incompatible(stored: dict, sweep: Sweep) -> str | None:
     base = json.loads(json.dumps(sweep.base))
     optimizers = _optimizers(sweep)
     why = _preset_changed(stored, sweep, optimizers == {"moga"}) if "moga" in optimizers else None
+    if why is None and "muon" in optimizers:
+        why = _muon_changed(stored, sweep)
     if why:
         return why
     # compared by what they run, above: MOGA's preset, and its momentum where every cell is MOGA
@@ -116,13 +119,21 @@ def incompatible(stored: dict, sweep: Sweep) -> str | None:
     return None
 
 
+def _muon_changed(stored: dict, sweep: Sweep) -> str | None:
+    """A store from before the published recipe became Muon's default (it records none) ran moga's all-geometry
+    Muon in its Muon cells: refused where a Muon cell would now run the published one."""
+    if stored.get("muon_default_preset", "moga") == MUON_DEFAULT:
+        return None
+    if all(o.preset == "moga" for o in sweep.optims("optim.name", "optim.preset") if o.name == "muon"):
+        return None
+    return ("Muon's default became the published recipe (AdamW on tables, head and vectors) since it was stored, "
+            "and its finished Muon cells ran moga's all-geometry Muon (optim.preset: moga on every Muon cell runs "
+            "what they ran)")
+
+
 def _optimizers(sweep: Sweep) -> set[str]:
-    """The optimizers the sweep's cells run, from one config per distinct optim.name cell value (a config for
-    every cell costs ~0.3 ms each: 0.4 s on quality's 1296-cell paper grid, at every resume)."""
-    one_each = {}
-    for cell in sweep.cells:
-        one_each.setdefault(cell.get("optim.name"), cell)
-    return {sweep.config(cell).optim.name for cell in one_each.values()}
+    """The optimizers the sweep's cells run, from one config per distinct optim.name cell value."""
+    return {optim.name for optim in sweep.optims("optim.name")}
 
 
 def _without(base: dict, keys: tuple[str, ...]) -> dict:

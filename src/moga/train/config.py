@@ -24,8 +24,9 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from moga.optim.multipliers import PRESET_NAMES, preset_options
+from moga.optim.muon import MOGA_MUON, MUON_PRESET_NAMES, MUON_PRESETS, PUBLISHED
 from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS
-from moga.geometry import parse_geometry
+from moga.geometry import SPECTRAL_SCALES, parse_geometry
 from moga.roles import ADAM_PREFIX, ROLES
 
 try:  # TOML configs: the standard library's reader from Python 3.11, else the tomli package where installed
@@ -164,7 +165,7 @@ class DataConfig(_Section):
 
 
 # The keys some optimizer reads; each optimizer's own set is in moga.optim.registry. Every optimizer accepts
-# optim.preset: only MOGA has presets that differ, and a reproduction config pins one for all it sweeps.
+# optim.preset: MOGA and Muon have presets, and a reproduction config pins one for all it sweeps.
 _OPTIONAL_OPTIM_KEYS = frozenset().union(*(e.keys for e in OPTIMIZERS.values())) - {"preset"}
 
 
@@ -176,27 +177,32 @@ class OptimConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay (sgd: L2)")
     momentum: float | None = Field(None, ge=0, lt=1, description="moga, muon, sgd")
     nesterov: bool | None = Field(None, description="moga (unset: its preset's), muon (unset: on), sgd (unset: off)")
-    betas: tuple[float, float] | None = Field(None, description="Adam betas (moga/muon vectors, adamw)")
+    betas: tuple[float, float] | None = Field(None, description="Adam betas (moga vectors, muon's AdamW parts "
+                                              "(unset: its preset's), adamw)")
     eps: float | None = Field(None, gt=0, description="Adam eps")
     fused: bool | None = Field(None, description="adamw, sgd: torch's fused kernel (unset: torch's default, on the "
                                "CPU its per-tensor loop)")
     p: float | None = Field(None, ge=1, description="moga: the row geometry's p")
-    embedding_q: float | None = Field(None, ge=1, description="moga, muon: the embedding geometry's q")
+    embedding_q: float | None = Field(None, ge=1, description="moga, muon (preset moga): the embedding geometry's q")
     vectors: Literal["adamw", "sign"] | None = Field(None, description="moga, muon: update of biases and gains")
-    scale: Literal["mean", "torch"] | None = Field(None, description="muon: sqrt(m/n) or torch's scale")
+    scale: Literal[SPECTRAL_SCALES] | None = Field(  # type: ignore[valid-type]
+        None, description="muon: the orthogonalized step's factor, match_rms_adamw (0.2 sqrt(max(m, n)), "
+        "Moonlight's; unset: the preset's), torch (torch.optim.Muon's default sqrt(max(1, m/n))) or mean (sqrt(m/n))")
     ns_steps: int | None = Field(None, gt=0, description="muon: Newton-Schulz steps")
-    ns_dtype: str | None = Field(None, description="muon: Newton-Schulz dtype (auto, float32, bfloat16)")
+    ns_dtype: str | None = Field(None, description="muon: Newton-Schulz dtype (auto, float32, bfloat16; unset: "
+                                 "bfloat16 under scale torch, else auto)")
     layers: int | None = Field(None, ge=1, description="adaptive-gd: L, the number of layers "
                                "(default: from the model)")
     overrides: dict[str, str] | None = Field(None, description="role-plan overrides {parameter glob: role}")
     lr_multipliers: dict[Literal[ROLES], Annotated[float, Field(gt=0, strict=True)]] | None = Field(  # type: ignore[valid-type]
         None, description="moga family: {role: factor} on lr per role (embedding, readout, vector, ...); "
         "sweepable as optim.lr_multipliers.ROLE")
-    preset: Literal[PRESET_NAMES] | None = Field(  # type: ignore[valid-type]
+    preset: Literal[PRESET_NAMES + MUON_PRESET_NAMES] | None = Field(  # type: ignore[valid-type]
         None, description="moga: a named set of defaults, lr multipliers per role (which optim.lr_multipliers "
         "override role by role) and Nesterov momentum (which optim.nesterov overrides): paper (the width paper's exact "
-        "choice, every role at lr, plain momentum) or default (unset: MOGA's default). "
-        "Other optimizers have one behaviour, which both names denote; sweepable as optim.preset")
+        "choice, every role at lr, plain momentum) or default (unset: MOGA's default). muon: published (unset: the "
+        "published recipe, AdamW on tables, head and vectors) or moga (moga's all-geometry Muon); MOGA's names run "
+        "Muon's default. Other optimizers have one behaviour, which every name denotes; sweepable as optim.preset")
     geometries: dict[Literal[ROLES], str] | None = Field(  # type: ignore[valid-type]
         None, description="moga family: {role: geometry spec} in place of the optimizer's, e.g. readout: sign, "
         "or adam:sign (Adam's direction with the sign geometry's 1/fan_in); sweepable as optim.geometries.ROLE")
@@ -230,6 +236,8 @@ class OptimConfig(_Section):
         if bad:
             raise ValueError(f"{_keys(bad)} to optimizer {self.name}; it reads "
                              f"{', '.join(sorted(keys)) or 'no optional keys'}")
+        if self.name == "moga" and self.preset in MUON_PRESET_NAMES:
+            raise ValueError(f"optim.preset {self.preset!r} is Muon's; MOGA's presets: {', '.join(PRESET_NAMES)}")
         if self.name == "adaptive-gd" and self.weight_decay:
             raise ValueError("adaptive-gd is plain gradient descent: weight_decay must be 0")
         if self.step_rule == "lr":
@@ -244,12 +252,14 @@ class OptimConfig(_Section):
 
 
 class ScheduleConfig(_Section):
-    name: Literal["constant", "cosine", "warmup_constant"] = Field(
-        "constant", description="constant, cosine (linear warmup then cosine to min_lr_ratio), warmup_constant")
+    name: Literal["constant", "cosine", "warmup_constant", "wsd"] = Field(
+        "constant", description="constant, cosine (linear warmup then cosine to min_lr_ratio), warmup_constant, "
+        "wsd (warmup, stable at the peak, linear decay to min_lr_ratio over the last decay_fraction)")
     warmup_steps: int | None = Field(None, ge=0, description="warmup length in steps")
     warmup_fraction: float | None = Field(None, ge=0, lt=1, description="warmup as a fraction of all steps")
     warmup_epochs: float | None = Field(None, ge=0, description="warmup length in epochs")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr / peak lr")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine, wsd: final lr / peak lr")
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: the decay's share of the run")
 
     @model_validator(mode="after")
     def _one_warmup(self):
@@ -258,6 +268,8 @@ class ScheduleConfig(_Section):
             raise ValueError(f"give one warmup length, not {' and '.join(given)}")
         if given and self.name == "constant":
             raise ValueError("schedule 'constant' has no warmup: use 'warmup_constant' or 'cosine'")
+        if "decay_fraction" in self.model_fields_set and self.name != "wsd" and self.decay_fraction != 0.2:
+            raise ValueError(f"schedule.decay_fraction applies to schedule 'wsd', not {self.name!r}")
         return self
 
 
@@ -390,7 +402,8 @@ UNHASHED = ("name", "logging", "checkpoint", "train.offload")
 LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None,
                         "fused": None, "lr_multipliers": None,
                         "geometries": None},
-              "train": {"parallel": "auto", "precision": "fp32", "divergence_factor": 10.0}}
+              "train": {"parallel": "auto", "precision": "fp32", "divergence_factor": 10.0},
+              "schedule": {"decay_fraction": 0.2}}
 
 
 def config_hash(cfg: RunConfig | Mapping) -> str:
@@ -417,9 +430,16 @@ def _resolve_preset(optim: Mapping) -> dict:
     plain momentum, the form of every config from before a preset set the momentum, so a run made then on the
     default (embedding tables at lr/16, plain momentum) resumes with ``optim.nesterov=false``."""
     optim = dict(optim)
-    preset = preset_options(optim.pop("preset", None) or "default")
+    name = optim.pop("preset", None) or "default"
+    if optim.get("name", "moga") == "muon":
+        # what Muon runs: the published recipe unless the preset is moga's all-geometry Muon, which hashes as
+        # every Muon run did before the published recipe became the default, so those runs resume with it
+        if MUON_PRESETS.get(name, PUBLISHED) is not MOGA_MUON:
+            optim["muon_preset"] = "published"
+        return optim
     if optim.get("name", "moga") != "moga":
         return optim
+    preset = preset_options(name)
     if preset.lr_multipliers:
         optim["preset_lr_multipliers"] = dict(preset.lr_multipliers)
     if preset.nesterov:
@@ -446,6 +466,10 @@ def hash_diff(stored: RunConfig | Mapping, now: RunConfig | Mapping, stored_hash
     diff = config_diff(stored, now)
     if diff:
         return diff
+    optim = (now.to_dict() if isinstance(now, RunConfig) else dict(now)).get("optim") or {}
+    if optim.get("name") == "muon":
+        return [f"optim.preset: no key differs, but the hash counts which Muon runs, now {PUBLISHED.describe}; a run "
+                f"made before that was the default ran {MOGA_MUON.describe}, and resumes with optim.preset=moga"]
     why = (f"optim.preset: no key differs, but the hash counts what MOGA's default preset runs, now "
            f"{preset_options('default').describe()}")
     if stored_hash is None:

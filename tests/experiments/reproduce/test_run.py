@@ -1,6 +1,7 @@
 """Judging a paper's claim from the panels' verdicts, and two reproductions end to end in miniature."""
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -101,19 +102,21 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     assert again["outcome"] == out["outcome"] and took < out["seconds"]
     assert abs(again["seconds"] - (out["seconds"] + took)) < 1.0
 
-    race = mini("race", base={"train": {"steps": 12}, "logging": {"log_every": 1}, "checkpoint": {"every": 6},
-                              "eval": {"final_window": 4}},
-                axes={"train.steps": [12], "optim.lr": {"by": "optim.name", "values": {"moga": [0.05], "muon": [0.05]}}})
+    race = mini("race", base={"logging": {"log_every": 1}, "checkpoint": {"every": 6}, "eval": {"final_window": 4},
+                              "schedule": {"warmup_steps": 2}},
+                axes={"train.steps": [10, 20], "optim.weight_decay": [0.1],
+                      "optim.lr": {"by": "optim.name", "values": {"moga": [0.05], "muon": [0.01]}}})
     shakespeare = dataset_or_skip("tinyshakespeare.txt", "tiny Shakespeare (the race miniature's text)")
     result = reproduce(race, runs / "quick" / "race", "quick", workers=2, progress=False, data=str(shakespeare))
     # one rate each is no tuning: whoever is faster, the race cannot decide the claim
-    assert result["outcome"] == "undecided" and "best lr on the grid's edge for moga, muon" in result["details"][0]
-    assert "needs" in result["details"][0] and len(result["details"]) == 1  # one budget in the miniature
-    (budget,) = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text()).values()
-    assert budget["seeds"] == [3, 3] and budget["best"]["moga"]["seeds"] == 3  # three seeds at each best rate
-    assert budget["subject_reach"]["step"] <= 12 and budget["rival_reach"]["step"] <= 12
-    lo, hi = budget["tokens_interval"]
-    assert lo <= budget["tokens_ratio"] <= hi
+    assert result["outcome"] == "undecided"
+    ends = [line for line in result["details"] if "end-of-run loss" in line]
+    assert len(ends) == 3 * 2 and all("3 seeds" in line for line in ends)  # three arms, two budgets
+    assert any(line.startswith("muon (published) at budget 20 steps") for line in ends)
+    stored = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text())
+    assert set(stored["end_of_run"]) == {"moga (default preset)", "moga (paper preset)", "muon (published)"}
+    assert stored["end_of_run"]["moga (paper preset)"]["20"]["weight_decay"] == 0.1
+    assert set(stored["ratios"]) == {"moga (default preset)", "moga (paper preset)"}
 
     table = results_table(load_outcomes(runs))
     assert table.count("\n") == 2 + 8  # header, rule, nine claims
@@ -130,21 +133,35 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
         update_readme(tmp_path / "docs" / "reproduce" / "quick" / "joint.json", runs)
 
 
-def test_race_ratios_and_their_intervals_on_known_curves():
-    from moga.experiments.reproduce.race import budget_state, race_budget, token_trend
+def end_of_run(losses_by_budget, seconds_per_step=0.01, spread=0.01):
+    """{budget: three seeds' end-of-run losses and seconds} from a seed-mean loss per budget."""
+    return {b: {"losses": [m * (1 + spread * (s - 1)) for s in range(3)], "seconds": [b * seconds_per_step] * 3}
+            for b, m in losses_by_budget.items()}
 
-    steps = np.arange(1, 101) * 10
-    times = np.tile(steps * 0.01, (3, 1))
-    # the subject's loss falls twice as fast per step; seeds differ a little
-    subject = {"steps": steps, "times": times, "loss": np.stack([3 - 0.02 * steps / 10 * (1 + 0.01 * s) for s in range(3)])}
-    rival = {"steps": steps, "times": times, "loss": np.stack([3 - 0.01 * steps / 10 * (1 + 0.01 * s) for s in range(3)])}
-    r = race_budget(subject, rival)
-    assert r["tokens_ratio"] == pytest.approx(0.5, abs=0.02) and r["time_ratio"] == pytest.approx(0.5, abs=0.02)
-    assert r["tokens_interval"][1] < 1 and budget_state(r) == "held"
-    swapped = race_budget(rival, subject)
-    assert swapped["tokens_interval"][0] > 1 and budget_state(swapped) == "failed"
-    assert token_trend(swapped, r) == "the token ratio falls with budget"
-    assert token_trend(r, r) == "no trend across budgets: the token intervals overlap"
+
+def test_race_ratios_at_equal_end_of_run_loss():
+    from moga.experiments.reproduce.race import budget_state, race_ratios, token_trend, tokens_to_loss
+
+    budgets = [100, 200, 400, 800]
+    rival = end_of_run({b: 3.0 - 0.2 * np.log2(b / 100) for b in budgets})  # loses 0.2 per doubling
+    # the subject ends each budget where the rival ends twice that budget: half the tokens, half the time
+    subject = end_of_run({b: 3.0 - 0.2 * (np.log2(b / 100) + 1) for b in budgets[:3]})
+    assert tokens_to_loss(budgets, [3.0, 2.8, 2.6, 2.4], 2.7) == pytest.approx(200 * 2**0.5)
+    # beyond the budgets run, no extrapolation: more than the largest (inf), less than the smallest (0)
+    assert tokens_to_loss(budgets, [3.0, 2.8, 2.6, 2.4], 2.3) == math.inf
+    assert tokens_to_loss(budgets, [3.0, 2.8, 2.6, 2.4], 3.1) == 0.0
+    ratios = race_ratios(subject, rival)
+    for b, r in ratios.items():
+        assert r["tokens_ratio"] == pytest.approx(0.5) and r["time_ratio"] == pytest.approx(0.5)
+        assert r["tokens_interval"][1] < 1 and budget_state(r) == "held"
+    swapped = race_ratios(rival, subject)
+    assert swapped[400]["tokens_ratio"] == pytest.approx(2.0) and budget_state(swapped[400]) == "failed"
+    assert swapped[100]["tokens_ratio"] == math.inf and budget_state(swapped[100]) == "failed"
+    assert token_trend(ratios[100], ratios[400]) == "no trend across budgets: the token intervals overlap"
+    # equal curves: ratio 1, and the seeds' spread gives an interval around it
+    same = race_ratios(rival, rival)[200]
+    assert same["tokens_ratio"] == pytest.approx(1.0) and same["tokens_interval"][0] < 1 < same["tokens_interval"][1]
+    assert budget_state(same) == "inconclusive"
 
 
 STORED = Path(__file__).parents[3] / "docs" / "reproduce" / "cpu"

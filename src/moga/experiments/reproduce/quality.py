@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from moga.sweep.results import records
+from moga.sweep.spec import optimizer_labels
 from moga.sweep.store import SweepStore, changed_keys
 
 GOAL = 0.02
@@ -165,6 +166,9 @@ def judge(rep, sweep, out: Path, max_regret: float) -> dict:
     rows = records(SweepStore(out))
     cells = compare(rows, subject=q["subject"], baselines=list(q["baselines"]), scale_key=sweep.spec.scale_key,
                     budget_key=q.get("budget_key"), panel_keys=tuple(q.get("panel_keys", ())), goal=goal)
+    labels = optimizer_labels(sweep)  # which Muon and which MOGA ran, named in every line
+    for c in cells:
+        c.update({f"{k}_arm": labels.get(c[k], c[k]) for k in ("subject", "baseline") if k in c})
     report = Path(out) / "report"
     report.mkdir(parents=True, exist_ok=True)
     (report / "quality.json").write_text(json.dumps(_finite(cells), indent=1) + "\n")
@@ -172,8 +176,8 @@ def judge(rep, sweep, out: Path, max_regret: float) -> dict:
     (report / "quality.md").write_text(f"# {rep.name}: {rep.claim}\n\n" + table(cells, q.get("panel_keys", ())) + "\n")
     judged = [c for c in cells if "relative" in c]
     worst = max(judged, key=lambda c: c["relative"], default=None)
-    key = "" if worst is None else (f"worst: {q['subject']} {_pct(worst['relative'])} "
-                                    f"[{_pct(worst['low'])}, {_pct(worst['high'])}] vs {worst['baseline']} "
+    key = "" if worst is None else (f"worst: {_arm(worst, 'subject')} {_pct(worst['relative'])} "
+                                    f"[{_pct(worst['low'])}, {_pct(worst['high'])}] vs {_arm(worst, 'baseline')} "
                                     f"at {_where(worst, q.get('panel_keys', ()))} (goal {_pct(goal)})")
     return {"outcome": claim_outcome(cells), "key": key, "details": lines, "cells": _finite(cells),
             "report": str(report / "quality.md")}
@@ -184,11 +188,16 @@ def describe(c: dict, panel_keys=()) -> str:
     if "relative" not in c:
         return f"[{c['outcome']}] {where}: {c.get('note', '')}"
     edge = [n for n, flag in (("subject", c["subject_lr_on_edge"]), ("baseline", c["baseline_lr_on_edge"])) if flag]
-    return (f"[{c['outcome']}] {where}: {c['subject']} (lr {c['subject_lr']:g} from width {c['tuned_at']}) "
-            f"{c['subject_loss']:.4f} vs {c['baseline']} (lr {c['baseline_lr']:g}) {c['baseline_loss']:.4f}: "
+    return (f"[{c['outcome']}] {where}: {_arm(c, 'subject')} (lr {c['subject_lr']:g} from width {c['tuned_at']}) "
+            f"{c['subject_loss']:.4f} vs {_arm(c, 'baseline')} (lr {c['baseline_lr']:g}) {c['baseline_loss']:.4f}: "
             f"{_pct(c['relative'])} [{_pct(c['low'])}, {_pct(c['high'])}], {c['seeds']} seeds"
             + (f"; {c['note']}" if c.get("note") else "")
             + (f"; best lr on the grid's edge: {', '.join(edge)}" if edge else ""))
+
+
+def _arm(c: dict, side: str) -> str:
+    """What ran on ``side`` ("subject" or "baseline"), e.g. "muon (published)"; the name in cells judged before."""
+    return c.get(f"{side}_arm", c[side])
 
 
 def table(cells: list[dict], panel_keys=()) -> str:
@@ -197,7 +206,7 @@ def table(cells: list[dict], panel_keys=()) -> str:
         if "relative" not in c:
             lines.append(f"| {_where(c, panel_keys)} | | | | {c['outcome']} |")
             continue
-        lines.append(f"| {_where(c, panel_keys)} | {c['subject_loss']:.4f} ({c['subject_lr']:g}) | {c['baseline']} "
+        lines.append(f"| {_where(c, panel_keys)} | {c['subject_loss']:.4f} ({c['subject_lr']:g}) | {_arm(c, 'baseline')} "
                      f"{c['baseline_loss']:.4f} ({c['baseline_lr']:g}) | {_pct(c['relative'])} [{_pct(c['low'])}, "
                      f"{_pct(c['high'])}] | {c['outcome']} |")
     return "\n".join(lines)

@@ -1,26 +1,34 @@
-"""The race: tokens and wall-clock time each contender needs to reach the loss both reach, per token budget.
+"""The race, read at the end of training: how many tokens (and how much time) each contender needs to END a run
+at the loss its rival ends at.
 
-Every budget (the sweep's ``train.steps`` axis, about 1x and 8x the Chinchilla-optimal 20 tokens per
-parameter at CPU scale) tunes each contender's lr on its own grid (lowest seed-mean final training loss),
-then runs ``min_seeds`` seeds at that rate. On the seed-mean training curves (a trailing mean of 5 logs, so
-one lucky batch does not count) the common target is the lowest loss every contender reaches; the subject's
-tokens and time to it, divided by the rival's, are the ratios. Their 95% intervals come from resampling
-each contender's seeds with replacement and recomputing curves, target and ratios.
+Every budget (the sweep's ``train.steps`` axis: 1x, 2x, 4x and 8x the Chinchilla-optimal 20 tokens per parameter
+at CPU scale) is a run of its own under a warmup-stable-decay schedule (:mod:`moga.train.schedule`), so each
+budget's loss is an end-of-run loss, after its own cooldown; the stable phase is shared across budgets step for
+step (a short budget's run is the long one's, branched at its decay start). Comparing intermediate points of runs
+with different schedules misleads (Wen et al. 2025, arXiv 2509.02046); end-of-run losses do not.
 
-A budget is **held** when both ratios' upper bounds are below 1 (the subject is faster in tokens and in
-time), **failed** when either lower bound is above 1, **inconclusive** otherwise, and **undecided** when a
-best rate lies on its grid's edge. Time is wall-clock: runs that shared a loaded machine time it loosely.
+A contender is an arm: an optimizer and its preset ("moga (default preset)", "moga (paper preset)", "muon
+(published)"; :func:`moga.sweep.spec.arm_label`). At each budget it is tuned over its lr grid and the weight decay
+axis (lowest seed-mean final training loss), then ``min_seeds`` seeds run at that setting. For a subject's budget
+``B`` with end-of-run loss ``L``, the rival's end-of-run loss against log tokens, interpolated linearly between
+its budgets, gives the tokens ``T`` at which the rival would end at ``L``: the token ratio is ``B / T`` (below 1:
+the subject needs fewer tokens). The time ratio is the subject's run time over the rival's, interpolated the same
+way at ``T``. A loss outside the rival's range has no ratio (it is beyond the budgets run), which is said. The 95%
+intervals resample each arm's seeds at each budget.
+
+A subject's budget is **held** when both ratios' upper bounds are below 1, **failed** when either lower bound is
+above 1, **inconclusive** otherwise (or out of range), and **undecided** when a best rate lies on its grid's edge.
+Time is wall-clock: runs that shared a loaded machine time it loosely.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
+from moga.sweep.spec import arm_label
 from moga.sweep.store import SweepStore
-from moga.train import read_metrics
 
 RESAMPLES = 1000
 
@@ -29,37 +37,52 @@ def _budget_key(sweep) -> str:
     return "train.steps" if "train.steps" in sweep.spec.axes else ""
 
 
-def best_rates(store, sweep, contenders) -> dict[tuple, dict]:
-    """(contender, budget) -> {lr, loss (seed mean), edge, cells: {seed: cell id}} of the best rate."""
+def cell_arms(store, sweep) -> dict[str, str]:
+    """{cell id: its arm's label}, building one config per distinct (optimizer, preset)."""
+    labels = {}
+    for c in store.cells():
+        key = (c["params"].get("optim.name"), c["params"].get("optim.preset"))
+        labels.setdefault(key, c["params"])
+    labels = {key: arm_label(sweep.config(params).optim) for key, params in labels.items()}
+    return {c["id"]: labels[(c["params"].get("optim.name"), c["params"].get("optim.preset"))] for c in store.cells()}
+
+
+def best_settings(store, sweep, contenders) -> dict[tuple, dict]:
+    """(arm, budget) -> the setting of lowest seed-mean end-of-run loss: {lr, weight_decay, loss, edge (the lr on
+    its grid's edge), cells: {seed: cell id}, losses: {seed: loss}, seconds: {seed: wall time}}."""
     budget_key = _budget_key(sweep)
     base_seed = sweep.base.get("seed", 0)
-    means: dict[tuple, dict[float, list]] = {}
-    cells: dict[tuple, dict[float, dict]] = {}
+    arms = cell_arms(store, sweep)
+    runs: dict[tuple, dict[tuple, dict]] = {}
     for c in store.cells():
-        p = c["params"]
-        name, budget = p.get("optim.name"), p.get(budget_key, sweep.base["train"]["steps"])
-        loss = (c["result"] or {}).get("final_train_loss")
-        if name not in contenders or c["status"] not in ("finished", "diverged"):
+        p, arm = c["params"], arms[c["id"]]
+        if arm not in contenders or c["status"] not in ("finished", "diverged"):
             continue
+        result = c["result"] or {}
+        loss = result.get("final_train_loss")
         loss = loss if c["status"] == "finished" and loss is not None and math.isfinite(loss) else math.inf
-        key = (name, budget)
-        means.setdefault(key, {}).setdefault(p["optim.lr"], []).append(loss)
-        cells.setdefault(key, {}).setdefault(p["optim.lr"], {})[p.get("seed", base_seed)] = c["id"]
+        budget = p.get(budget_key, sweep.base["train"]["steps"])
+        wd = p.get("optim.weight_decay", sweep.base.get("optim", {}).get("weight_decay", 0.0))
+        seed = p.get("seed", base_seed)
+        setting = runs.setdefault((arm, budget), {}).setdefault((p["optim.lr"], wd), {"cells": {}, "losses": {},
+                                                                                     "seconds": {}})
+        setting["cells"][seed], setting["losses"][seed] = c["id"], loss
+        setting["seconds"][seed] = result.get("wall_time_s", math.nan)
     best = {}
-    for key, by_lr in means.items():
-        lrs = sorted(by_lr)
-        mean = {lr: float(np.mean(v)) for lr, v in by_lr.items()}
-        lr = min(lrs, key=lambda r: (mean[r], r))
-        best[key] = {"lr": lr, "loss": mean[lr], "edge": lr in (lrs[0], lrs[-1]),  # one rate is no tuning
-                     "cells": cells[key][lr], "grid": lrs}
+    for key, settings in runs.items():
+        mean = {s: float(np.mean(list(v["losses"].values()))) for s, v in settings.items()}
+        lr, wd = min(settings, key=lambda s: (mean[s], s))
+        lrs = sorted(r for r, w in settings if w == wd)
+        best[key] = {"lr": lr, "weight_decay": wd, "loss": mean[(lr, wd)], "grid": lrs,
+                     "edge": lr in (lrs[0], lrs[-1]), **settings[(lr, wd)]}  # one rate is no tuning
     return best
 
 
 def race_seeds(store, sweep, contenders, min_seeds: int) -> list[dict]:
-    """Seeds to add at each contender's best rate at each budget."""
+    """Seeds to add at each contender's best setting at each budget."""
     out = []
     params = {c["id"]: c["params"] for c in store.cells()}
-    for b in best_rates(store, sweep, contenders).values():
+    for b in best_settings(store, sweep, contenders).values():
         if not math.isfinite(b["loss"]):
             continue
         base = {k: v for k, v in params[next(iter(b["cells"].values()))].items() if k != "seed"}
@@ -69,54 +92,62 @@ def race_seeds(store, sweep, contenders, min_seeds: int) -> list[dict]:
     return out
 
 
-def smooth(values, window: int = 5) -> np.ndarray:
-    """Trailing mean over ``window`` logs (fewer at the start)."""
-    v = np.asarray(values, dtype=float)
-    c = np.cumsum(np.insert(v, 0, 0.0))
-    i = np.arange(v.size)
-    k = np.minimum(i + 1, window)
-    return (c[i + 1] - c[i + 1 - k]) / k
+def tokens_to_loss(budgets, losses, target: float) -> float:
+    """The budget at which end-of-run loss ``losses`` (per budget) reaches ``target``, linear in log2(budget)
+    between budgets (the first crossing); inf when every budget ends above ``target`` (more than the largest is
+    needed), 0 when every one ends below it (less than the smallest would do): no extrapolation."""
+    x, y = np.log2(np.asarray(budgets, dtype=float)), np.asarray(losses, dtype=float)
+    for k in range(len(x) - 1):
+        lo, hi = sorted((y[k], y[k + 1]))
+        if lo <= target <= hi:
+            t = 0.0 if y[k] == y[k + 1] else (y[k] - target) / (y[k] - y[k + 1])
+            return float(2 ** (x[k] + t * (x[k + 1] - x[k])))
+    if np.all(y > target) or not np.all(np.isfinite(y)) and np.nanmin(y) > target:
+        return math.inf
+    return 0.0 if np.all(y < target) else float(budgets[0])
 
 
-def _curves(store, cell_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(steps, seconds per seed x logs, smoothed loss per seed x logs) over the logs every seed has."""
-    runs = [read_metrics(store.cell_dir(cid) / "metrics.jsonl", "train") for cid in cell_ids]
-    n = min(len(r) for r in runs)
-    steps = np.array([r["step"] for r in runs[0][:n]])
-    times = np.array([[r["time"] for r in run[:n]] for run in runs])
-    loss = np.array([smooth([r["loss"] for r in run[:n]]) for run in runs])
-    return steps, times, loss
+def _at(budgets, values, budget: float) -> float:
+    """``values`` (per budget) interpolated linearly in log2(budget)."""
+    return float(np.interp(math.log2(budget), np.log2(np.asarray(budgets, dtype=float)), values))
 
 
-def _reach(steps, times, loss_mean, target) -> tuple[float, float]:
-    hit = np.nonzero(loss_mean <= target + 1e-12)[0]
-    if hit.size == 0:
-        return math.inf, math.inf
-    return float(steps[hit[0]]), float(times[hit[0]])
+def race_ratios(subject: dict, rival: dict, level: float = 0.95, seed: int = 0) -> dict:
+    """Per subject budget: the token and time ratios at equal end-of-run loss, with seed intervals.
+    ``subject``/``rival``: {budget: {"losses": [per seed], "seconds": [per seed]}}."""
+    budgets = sorted(rival)
 
+    def ratio(s_budget, s_losses, s_seconds, rival_losses, rival_seconds):
+        target = float(np.mean(s_losses))
+        at = tokens_to_loss(budgets, [float(np.mean(v)) for v in rival_losses], target)
+        if at in (0.0, math.inf):  # beyond the budgets run: 0 (the rival needs more than its largest), or inf
+            return (math.inf, math.inf) if at == 0 else (0.0, 0.0)
+        return s_budget / at, float(np.mean(s_seconds)) / _at(budgets, [np.mean(v) for v in rival_seconds], at)
 
-def race_budget(subject: dict, rival: dict, level: float = 0.95, seed: int = 0) -> dict:
-    """Ratios (subject / rival) of tokens and time to the common loss, with seed intervals.
-    ``subject``/``rival`` hold ``steps``, ``times`` and ``loss`` (seeds x logs)."""
-    def ratios(s_idx, r_idx):
-        ms, mr = subject["loss"][s_idx].mean(0), rival["loss"][r_idx].mean(0)
-        target = max(ms.min(), mr.min())
-        s = _reach(subject["steps"], subject["times"][s_idx].mean(0), ms, target)
-        r = _reach(rival["steps"], rival["times"][r_idx].mean(0), mr, target)
-        return target, s[0] / r[0], s[1] / r[1], s, r
-
-    all_s, all_r = np.arange(len(subject["loss"])), np.arange(len(rival["loss"]))
-    target, tokens, time_, reach_s, reach_r = ratios(all_s, all_r)
     rng = np.random.default_rng(seed)
-    draws = [ratios(rng.integers(0, all_s.size, all_s.size), rng.integers(0, all_r.size, all_r.size))[1:3]
-             for _ in range(RESAMPLES)] if min(all_s.size, all_r.size) >= 2 else []
-    tail = (1 - level) / 2
-    iv = lambda k: (tuple(float(np.quantile([d[k] for d in draws], q, method=m))  # noqa: E731
-                          for q, m in ((tail, "lower"), (1 - tail, "higher"))) if draws else None)
-    return {"target": float(target), "tokens_ratio": tokens, "time_ratio": time_, "tokens_interval": iv(0),
-            "time_interval": iv(1), "subject_reach": {"step": reach_s[0], "seconds": reach_s[1]},
-            "rival_reach": {"step": reach_r[0], "seconds": reach_r[1]},
-            "seeds": [int(all_s.size), int(all_r.size)]}
+    out = {}
+    for b, s in sorted(subject.items()):
+        r_losses = [rival[x]["losses"] for x in budgets]
+        r_seconds = [rival[x]["seconds"] for x in budgets]
+        tokens, time_ = ratio(b, s["losses"], s["seconds"], r_losses, r_seconds)
+        draws = []
+        if min(len(s["losses"]), *(len(v) for v in r_losses)) >= 2:
+            for _ in range(RESAMPLES):
+                i = rng.integers(0, len(s["losses"]), len(s["losses"]))
+                picks = [rng.integers(0, len(v), len(v)) for v in r_losses]
+                draws.append(ratio(b, np.asarray(s["losses"])[i], np.asarray(s["seconds"])[i],
+                                   [np.asarray(v)[k] for v, k in zip(r_losses, picks)],
+                                   [np.asarray(v)[k] for v, k in zip(r_seconds, picks)]))
+        tail = (1 - level) / 2
+
+        def interval(k):  # a resample beyond the budgets run gives an open end (0 or inf)
+            values = [d[k] for d in draws]
+            return tuple(float(np.quantile(values, q, method=m)) for q, m in ((tail, "lower"), (1 - tail, "higher"))
+                         ) if values else None
+
+        out[b] = {"loss": float(np.mean(s["losses"])), "tokens_ratio": tokens, "time_ratio": time_,
+                  "tokens_interval": interval(0), "time_interval": interval(1), "seeds": len(s["losses"])}
+    return out
 
 
 def budget_state(r: dict) -> str:
@@ -142,46 +173,73 @@ def token_trend(first: dict, last: dict) -> str:
     return "no trend across budgets: the token intervals overlap"
 
 
-def judge_race(rep, sweep, out: Path, params_per_model: int | None) -> dict:
+def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
+    """Each subject arm against the rival (the last contender) at every budget; the claim's outcome is the first
+    subject's (the claim's), the others' lines are reported beside it."""
     store = SweepStore(out)
-    contenders = rep.raw.get("contenders", ["moga", "muon"])
-    subject, rival = contenders[0], contenders[1]
-    best = best_rates(store, sweep, contenders)
+    contenders = contender_arms(rep)
+    subjects, rival = contenders[:-1], contenders[-1]
+    best = best_settings(store, sweep, contenders)
     budgets = sorted({b for _, b in best})
     tokens_per_step = sweep.base["train"]["batch_size"] * sweep.base["data"].get("block_size", 1)
-    lines, states, results = [], [], {}
-    for budget in budgets:
+
+    def head(budget):
         tokens = budget * tokens_per_step
         per_param = f", {tokens / params_per_model:.0f} tokens per parameter" if params_per_model else ""
-        head = f"budget {budget} steps ({tokens / 1e6:.2f}M tokens{per_param})"
-        picks = {n: best.get((n, budget)) for n in contenders}
-        missing = [n for n, b in picks.items() if b is None or not math.isfinite(b["loss"])]
-        if missing:
+        return f"budget {budget} steps ({tokens / 1e6:.2f}M tokens{per_param})"
+
+    lines, results, states = [], {}, []
+    data = {arm: {b: {"losses": list(v["losses"].values()), "seconds": list(v["seconds"].values())}
+                  for (a, b), v in best.items() if a == arm and math.isfinite(v["loss"])} for arm in contenders}
+    for arm in contenders:  # the end-of-run losses, every arm at every budget
+        for budget in budgets:
+            b = best.get((arm, budget))
+            lines.append(f"{arm} at {head(budget)}: " + ("no finished run" if b is None else
+                         f"end-of-run loss {b['loss']:.4f} (lr {b['lr']:g}, weight decay {b['weight_decay']:g}, "
+                         f"{len(b['losses'])} seeds{'; best lr on the grid edge' if b['edge'] else ''})"))
+    for subject in subjects:
+        if len(data[rival]) < 2 or not data[subject]:
             states.append("undecided")
-            lines.append(f"[undecided] {head}: no finished run of {', '.join(missing)}")
+            lines.append(f"[undecided] {subject} vs {rival}: too few finished budgets to interpolate")
             continue
-        edges = [n for n, b in picks.items() if b["edge"]]
-        data = {}
-        for n, b in picks.items():
-            steps, times, loss = _curves(store, list(b["cells"].values()))
-            data[n] = {"steps": steps, "times": times, "loss": loss}
-        r = race_budget(data[subject], data[rival])
-        state = "undecided" if edges else budget_state(r)
-        states.append(state)
-        results[budget] = {**r, "best": {n: {"lr": b["lr"], "loss": b["loss"], "seeds": len(b["cells"])}
-                                         for n, b in picks.items()}, "state": state}
-        fmt = lambda v: "never" if math.isinf(v) else f"{v:.2f}x"  # noqa: E731
-        ivs = lambda iv: "" if iv is None else f" [{iv[0]:.2f}, {iv[1]:.2f}]"  # noqa: E731
-        lines.append(
-            f"[{state}] {head}: {subject} needs {fmt(r['tokens_ratio'])}{ivs(r['tokens_interval'])} {rival}'s tokens "
-            f"and {fmt(r['time_ratio'])}{ivs(r['time_interval'])} its time to reach loss {r['target']:.3f} "
-            f"(best lr {subject} {picks[subject]['lr']:g}, {rival} {picks[rival]['lr']:g}; seeds {r['seeds'][0]}, "
-            f"{r['seeds'][1]})" + (f"; best lr on the grid's edge for {', '.join(edges)}: extend it" if edges else ""))
+        ratios = race_ratios(data[subject], data[rival])
+        mine = {}
+        for budget, r in ratios.items():
+            # the subject's tuning at this budget, and the rival's at every budget the interpolation reads
+            edges = ([subject] if best[(subject, budget)]["edge"] else []) + \
+                ([rival] if any(best.get((rival, x), {}).get("edge") for x in budgets) else [])
+            state = "undecided" if edges else budget_state(r)
+            mine[budget] = {**r, "state": state}
+            lines.append(f"[{state}] {subject} at {head(budget)} ends at {r['loss']:.4f}; to end there it needs "
+                         f"{_ratio(r['tokens_ratio'])}{_iv(r['tokens_interval'])} {rival}'s tokens and "
+                         f"{_ratio(r['time_ratio'])}{_iv(r['time_interval'])} its time"
+                         + (f"; a best lr on the grid's edge ({', '.join(edges)}): extend it"
+                            if edges else ""))
+        results[subject] = mine
+        if subject == subjects[0]:
+            states += [m["state"] for m in mine.values()]
     outcome = next((s for s in ("failed", "undecided", "inconclusive", "held") if s in states), "undecided")
-    iv = lambda v: "" if v is None else f" [{v[0]:.2f}, {v[1]:.2f}]"  # noqa: E731
-    key = "; ".join(f"{b} steps: {subject} {r['tokens_ratio']:.2f}x{iv(r['tokens_interval'])} {rival}'s tokens, "
-                    f"{r['time_ratio']:.2f}x{iv(r['time_interval'])} its time" for b, r in results.items())
-    if len(results) >= 2:
-        first, last = results[budgets[0]], results[budgets[-1]]
-        key += f" ({token_trend(first, last)})"
-    return {"outcome": outcome, "key": key, "details": lines, "race": results}
+    claim = results.get(subjects[0], {})
+    key = "; ".join(f"{b} steps: {subjects[0]} {_ratio(r['tokens_ratio'])}{_iv(r['tokens_interval'])} {rival}'s "
+                    f"tokens, {_ratio(r['time_ratio'])}{_iv(r['time_interval'])} its time" for b, r in claim.items())
+    if len(claim) >= 2:
+        key += f" ({token_trend(claim[budgets[0]], claim[budgets[-1]])})"
+    table = {arm: {str(b): {k: best[(arm, b)][k] for k in ("lr", "weight_decay", "loss", "edge", "losses", "seconds")}
+                   for b in budgets if (arm, b) in best} for arm in contenders}
+    return {"outcome": outcome, "key": key or "no ratio", "details": lines,
+            "race": {"end_of_run": table, "ratios": {s: {str(b): r for b, r in v.items()} for s, v in results.items()}}}
+
+
+def _ratio(v: float) -> str:
+    """A ratio; 0 and inf are the open ends: the subject's loss lies beyond the rival's budgets."""
+    return "beyond the rival's budgets (fewer)" if v == 0 else "beyond the rival's budgets (more)" if math.isinf(v) \
+        else f"{v:.2f}x"
+
+
+def _iv(iv) -> str:
+    return "" if iv is None else f" [{iv[0]:.2f}, {iv[1]:.2f}]"
+
+
+def contender_arms(rep) -> list[str]:
+    """The arms the reproduction races, subjects first and the rival last (``contenders`` in its YAML)."""
+    return list(rep.raw.get("contenders", ["moga (paper preset)", "muon (published)"]))

@@ -27,7 +27,7 @@ import torch
 from moga.experiments.reproduce import quality
 from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
 from moga.experiments.reproduce.clock import ClaimClock
-from moga.experiments.reproduce.race import judge_race, race_seeds
+from moga.experiments.reproduce.race import contender_arms, judge_race, race_seeds
 from moga.experiments.smoothness.checks import judge_checks
 from moga.experiments.smoothness.convergence import convergence_experiment
 from moga.sweep.executor import run_sweep
@@ -101,7 +101,7 @@ def _sweep(rep: Reproduction, scale: str, data: str | None, include: list[dict])
 
 
 def _race_seeds(rep: Reproduction, sweep, out: Path, min_seeds: int) -> list:
-    return race_seeds(SweepStore(out), sweep, rep.raw.get("contenders", ["moga", "muon"]), min_seeds)
+    return race_seeds(SweepStore(out), sweep, contender_arms(rep), min_seeds)
 
 
 # --- the claim over the panels -----------------------------------------------------------------------------
@@ -310,8 +310,7 @@ def _panel_params(panel: dict) -> dict:
 
 
 def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
-    cell = next(c for c in sweep.cells if c.get("optim.name") == rep.raw.get("contenders", ["moga"])[0])
-    result = judge_race(rep, sweep, out, cell_cost(sweep.config(cell))["params"])
+    result = judge_race(rep, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])  # one model for all
     (out / "report").mkdir(parents=True, exist_ok=True)
     (out / "report" / "race.json").write_text(json.dumps(json_safe(result["race"]), indent=1) + "\n")
     return {**result, "report": str(out / "report" / "race.json")}
