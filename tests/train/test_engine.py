@@ -383,3 +383,31 @@ def test_clipping_norm_is_the_optimizers_nonfinite_verdict(tmp_path, clip):
         run(cfg, tmp_path / "run")
     checks = sum(1 for name, _ in calls.ops if name.endswith("found_nonfinite"))
     assert calls.stepped > 0 and checks == (0 if clip else 3)
+
+
+def test_a_cooldown_branched_from_a_longer_wsd_run_is_the_short_run_bit_for_bit(tmp_path, text_file):
+    """Warmup-stable-decay: a 10-step run decays from step 8, a 20-step one from 16. Branched from the long run's
+    checkpoint at step 8, the short run's weights, metrics and result are those it makes from scratch (the
+    published Muon: orthogonalized hidden matrices, AdamW on the rest, with weight decay)."""
+    wsd = {"name": "wsd", "warmup_steps": 2, "decay_fraction": 0.2}
+    cfg = lambda steps, **train: gpt_config(  # noqa: E731
+        text_file, optim={"name": "muon", "lr": 0.01, "weight_decay": 0.1}, schedule=wsd,
+        train={"steps": steps, **train}, checkpoint={"keep": [8, 12]})
+    run(cfg(20), tmp_path / "long")
+    assert {p.name for p in (tmp_path / "long").glob("checkpoint-*.pt")} == {"checkpoint-8.pt", "checkpoint-12.pt"}
+    scratch = run(cfg(10), tmp_path / "scratch")
+    branched = run(cfg(10, branch_from=str(tmp_path / "long" / "checkpoint-8.pt")), tmp_path / "branch")
+    assert same_tensors(final_model(tmp_path / "scratch"), final_model(tmp_path / "branch"))
+    assert records(tmp_path / "scratch") == records(tmp_path / "branch")
+    # it did branch: its first 8 steps' records are the long run's, wall-clock times included
+    first = lambda d: [r for r in read_metrics(d / "metrics.jsonl") if r["step"] <= 8]  # noqa: E731
+    assert first(tmp_path / "branch") == first(tmp_path / "long") != first(tmp_path / "scratch")
+    strip = lambda r: {k: v for k, v in r.items() if k != "wall_time_s"}  # noqa: E731
+    assert strip(scratch) == strip(branched) and branched["config_hash"] == build_config(cfg(10)).hash()
+    # past its own decay start the long run's rates are not this run's; another lr is another config
+    with pytest.raises(CheckpointError, match="different rates before step 12"):
+        run(cfg(10, branch_from=str(tmp_path / "long" / "checkpoint-12.pt")), tmp_path / "late")
+    other = gpt_config(text_file, optim={"name": "muon", "lr": 0.02, "weight_decay": 0.1}, schedule=wsd,
+                       train={"steps": 10, "branch_from": str(tmp_path / "long" / "checkpoint-8.pt")})
+    with pytest.raises(CheckpointError, match=r"another config, not this one at another length: optim.lr"):
+        run(other, tmp_path / "other")

@@ -296,6 +296,10 @@ class TrainSection(_Section):
     offload: bool = Field(
         False, description="under fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory "
         "(FSDP2's CPUOffloadPolicy); the optimizer steps there, in moga's fused C++ kernel where it applies")
+    branch_from: str | None = Field(
+        None, description="start from this checkpoint (checkpoint-<step>.pt, kept by checkpoint.keep) of a run of "
+        "this config at another length whose rates agree up to it: a cooldown branched from a warmup-stable-decay "
+        "run; the numbers are this run's own (moga.train.branch)")
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="bf16: autocast to bfloat16 (CPU and CUDA); under fsdp, bfloat16 parameters in "
         "compute with float32 gradient reductions and float32 weights in the optimizer")
@@ -337,6 +341,9 @@ class EvalConfig(_Section):
 class CheckpointConfig(_Section):
     every: int = Field(500, ge=0, description="save every N steps (0: only at the end); saves are atomic")
     save_final: bool = Field(True, description="keep a checkpoint of the final model")
+    keep: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=list, description="also keep the checkpoint of these steps, as checkpoint-<step>.pt: "
+        "the points a warmup-stable-decay cooldown branches from (train.branch_from)")
 
 
 class LoggingConfig(_Section):
@@ -397,7 +404,7 @@ class RunConfig(_Section):
 
 # Keys that do not change what a run computes: a run may resume with other values for them (sections,
 # or dotted keys: where FSDP2 keeps the shards between steps changes no number).
-UNHASHED = ("name", "logging", "checkpoint", "train.offload")
+UNHASHED = ("name", "logging", "checkpoint", "train.offload", "train.branch_from")
 # Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
 LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None,
                         "fused": None, "lr_multipliers": None,

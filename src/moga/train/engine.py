@@ -42,6 +42,7 @@ from moga.optim.multipliers import base_lr
 from moga.status import Status
 
 from . import distributed, parallel, sharded_checkpoint as sharded
+from .branch import branch_state, check_branch_schedule
 from .build import build_model, build_optimizer
 from .checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RunConfig, as_config, dump_yaml, hash_diff, json_float
@@ -151,6 +152,11 @@ class Trainer:
             return sharded.load_engine_state(dcp_dir, cfg.to_dict(), self.hash)  # another parallel: refused
         if one_file.is_file():
             return load_checkpoint(one_file, cfg.to_dict(), self.hash)
+        if cfg.train.branch_from is not None:
+            if self.dist.active:
+                raise CheckpointError("train.branch_from starts one process from a one-file checkpoint, not "
+                                      f"{self.dist.world} (train.parallel={cfg.train.parallel})")
+            return branch_state(cfg, self.run_dir, METRICS)
         return None
 
     def _setup(self) -> dict | None:
@@ -173,6 +179,8 @@ class Trainer:
         t = cfg.train
         self.total = t.steps if t.steps is not None else max(1, math.ceil(t.epochs * self.task.steps_per_epoch))
         self.schedule = build_schedule(cfg.schedule, self.total, self.task.steps_per_epoch)
+        if state is not None and state["config_hash"] != self.hash:  # a branch (a checkpoint of our own has our hash)
+            check_branch_schedule(self.schedule, state)
         window = self.task.steps_per_epoch if cfg.eval.final_window == "epoch" else cfg.eval.final_window
         self.eval_every = self.task.steps_per_epoch if cfg.eval.every == "epoch" else cfg.eval.every
         self.window = deque(maxlen=min(window, self.total))
@@ -225,11 +233,12 @@ class Trainer:
 
     # --- checkpoints -----------------------------------------------------------------------------
 
-    def _save(self) -> None:
+    def _save(self, path: Path | None = None) -> None:
         rngs = distributed.gather_objects(self.dist, rng_state())  # every process takes part
         engine = {
             "config": self.cfg.to_dict(), "config_hash": self.hash, "step": self.step,
-            "schedule": {"name": self.schedule.name, "total": self.schedule.total, "warmup": self.schedule.warmup},
+            "schedule": {"name": self.schedule.name, "total": self.schedule.total, "warmup": self.schedule.warmup,
+                         "min_ratio": self.schedule.min_ratio, "decay": self.schedule.decay},
             "rng": rngs, "data": self.batches.state_dict(), "window": list(self.window),
             "since_log": list(self.since_log), "since_eval": list(self.since_eval),
             "last_eval": self.last_eval, "elapsed": self.elapsed, "metrics_bytes": self.log.offset,
@@ -241,7 +250,7 @@ class Trainer:
                                  barrier=lambda: distributed.barrier(self.dist))
             return
         if self.dist.main:
-            save_checkpoint(self.checkpoint_path, {**engine, "model": self.model.state_dict(),
+            save_checkpoint(path or self.checkpoint_path, {**engine, "model": self.model.state_dict(),
                                                    "optimizer": self.optimizer.state_dict()})
         distributed.barrier(self.dist)
 
@@ -379,6 +388,8 @@ class Trainer:
             stop = (stop_at is not None and self.step >= stop_at) or stop_votes > 0
             if self.step < self.total and (stop or (every and self.step % every == 0)):
                 self._save()
+            if self.step < self.total and self.step in cfg.checkpoint.keep and not self.fsdp:  # a branch point
+                self._save(self.run_dir / f"checkpoint-{self.step}.pt")
             if stop and self.step < self.total:
                 return self._stopped()
         return self._finish()
