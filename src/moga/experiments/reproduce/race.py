@@ -213,8 +213,8 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             state = "undecided" if edges else budget_state(r)
             mine[budget] = {**r, "state": state}
             lines.append(f"[{state}] {subject} at {head(budget)} ends at {r['loss']:.4f}; to end there it needs "
-                         f"{_ratio(r['tokens_ratio'])}{_iv(r['tokens_interval'])} {rival}'s tokens and "
-                         f"{_ratio(r['time_ratio'])}{_iv(r['time_interval'])} its time"
+                         f"{_ratio(r['tokens_ratio'], budget, budgets)}{_iv(r['tokens_interval'])} {rival}'s tokens "
+                         f"and {_ratio(r['time_ratio'], None, budgets)}{_iv(r['time_interval'])} its time"
                          + (f"; a best lr on the grid's edge ({', '.join(edges)}): extend it"
                             if edges else ""))
         results[subject] = mine
@@ -222,8 +222,9 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             states += [m["state"] for m in mine.values()]
     outcome = next((s for s in ("failed", "undecided", "inconclusive", "held") if s in states), "undecided")
     claim = results.get(subjects[0], {})
-    key = "; ".join(f"{b} steps: {subjects[0]} {_ratio(r['tokens_ratio'])}{_iv(r['tokens_interval'])} {rival}'s "
-                    f"tokens, {_ratio(r['time_ratio'])}{_iv(r['time_interval'])} its time" for b, r in claim.items())
+    key = "; ".join(f"{b} steps: {subjects[0]} {_ratio(r['tokens_ratio'], b, budgets)}{_iv(r['tokens_interval'])} "
+                    f"{rival}'s tokens, {_ratio(r['time_ratio'], None, budgets)}{_iv(r['time_interval'])} its time"
+                    for b, r in claim.items())
     if len(claim) >= 2:
         key += f" ({token_trend(claim[budgets[0]], claim[budgets[-1]])})"
     table = {arm: {str(b): {k: best[(arm, b)][k] for k in ("lr", "weight_decay", "loss", "edge", "losses", "seconds")}
@@ -232,10 +233,17 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             "race": {"end_of_run": table, "ratios": {s: {str(b): r for b, r in v.items()} for s, v in results.items()}}}
 
 
-def _ratio(v: float) -> str:
-    """A ratio; 0 and inf are the open ends: the subject's loss lies beyond the rival's budgets."""
-    return "beyond the rival's budgets (fewer)" if v == 0 else "beyond the rival's budgets (more)" if math.isinf(v) \
-        else f"{v:.2f}x"
+def _ratio(v: float, budget: int | None, budgets: list) -> str:
+    """A ratio; 0 and inf are the open ends: the rival ends above the subject's loss at every budget, or below
+    it at every one; a token ratio (``budget`` given) says the bound that gives, under ``budget / largest`` or
+    over ``budget / smallest``."""
+    if v == 0:
+        bound = "" if budget is None else f"under {budget / max(budgets):.2f}x "
+        return f"{bound}(the rival ends above it at every budget)"
+    if math.isinf(v):
+        bound = "" if budget is None else f"over {budget / min(budgets):.2f}x "
+        return f"{bound}(the rival ends below it at every budget)"
+    return f"{v:.2f}x"
 
 
 def _iv(iv) -> str:
