@@ -14,6 +14,7 @@ clock counts and the CPU clock counts as spinning, if at all.
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -21,9 +22,12 @@ from collections.abc import Callable
 import torch
 
 from moga.geometry import parse_geometry
+from moga.hardware import facts
 from moga.kernels import FusedCalls, fused_lmo_step_
+from moga.kernels.build import capability
 from moga.layout import resolve_layout
 from moga.optim import MOGA, Muon, ScaledAdamW
+from moga.orthogonalize import compute_dtype, newton_schulz
 
 GPT2_SMALL_BLOCK = [(768, 768)] * 4 + [(3072, 768), (768, 3072)]
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -61,12 +65,33 @@ def flag_supplied(params: list[torch.Tensor], nesterov: bool = False) -> MOGA:
     return opt
 
 
+class TorchMuonFloat32(torch.optim.Muon):
+    """torch.optim.Muon with its Newton-Schulz iteration in float32 (torch's own runs it in bfloat16, which CPUs
+    without bfloat16 units emulate): the like-for-like peer of moga's Muon where ``ns_dtype="auto"`` picks
+    float32. Same operations (:func:`moga.orthogonalize.newton_schulz` is torch's in a chosen dtype)."""
+
+    ns_dtype = "float32"
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from torch.optim import _muon
+
+        original = _muon._zeropower_via_newtonschulz
+        _muon._zeropower_via_newtonschulz = lambda grad, coefficients, steps, eps: newton_schulz(
+            grad, steps, coefficients, torch.float32, eps)
+        try:
+            return super().step(closure)
+        finally:
+            _muon._zeropower_via_newtonschulz = original
+
+
 # MOGA's records name their momentum (plain, unless the name says Nesterov), so that each measures the
 # same step whatever MOGA's default.
 OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "torch-adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
     "torch-adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
     "torch-muon": lambda ps: torch.optim.Muon(ps, lr=1e-3, weight_decay=0.0),
+    "torch-muon-float32": lambda ps: TorchMuonFloat32(ps, lr=1e-3, weight_decay=0.0),
     "moga-row-p2": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nesterov=False),
     "moga-row-p2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nonfinite="ignore", nesterov=False),
     "moga-row-p2-flag": flag_supplied,
@@ -95,6 +120,42 @@ def kernel_path(opt: torch.optim.Optimizer) -> str:
         return "torch"
     label = "cpp" if any(name.startswith("moga_kernels::") for name, _ in calls.ops) else "compiled"
     return label if calls.stepped == total else f"{label} {calls.stepped}/{total}"
+
+
+def cpu_kind() -> dict:
+    """The CPU the bench ran on: its model name, the vector and bfloat16 flags that decide the kernels' speed,
+    torch's at::vec capability and the one moga's C++ kernel is built for, and whether bfloat16 matrix units
+    are there (moga.hardware: where not, bfloat16 matmuls are emulated)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return {"model": model, "flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}),
+            "torch_capability": torch.backends.cpu.get_cpu_capability(), "kernel_capability": capability(),
+            "bf16_matmul": facts().bf16_matmul}
+
+
+def ns_dtype(opt: torch.optim.Optimizer, device: torch.device) -> str | None:
+    """The Newton-Schulz dtype a Muon record runs (None for the others), and "(emulated)" after bfloat16 on a CPU
+    without bfloat16 units."""
+    if isinstance(opt, TorchMuonFloat32):
+        dtype = torch.float32
+    elif isinstance(opt, torch.optim.Muon):
+        dtype = torch.bfloat16  # torch.optim.Muon's, fixed
+    elif isinstance(opt, Muon):
+        dtype = compute_dtype(opt._plans[0].geometry.dtype, device)
+    else:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return f"{name} (emulated)" if dtype == torch.bfloat16 and device.type == "cpu" and not facts().bf16_matmul else name
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> int:
@@ -149,6 +210,7 @@ def bench_optimizers(
             if r >= warmup:
                 times[name].append(elapsed * 1e3)
     n_params = sum(torch.Size(s).numel() for s in shapes)
+    cpu = cpu_kind()
     return [
         {
             "name": name,
@@ -163,6 +225,8 @@ def bench_optimizers(
             "threads": torch.get_num_threads(),
             "device": str(dev),
             "clock": clock,
+            "cpu": cpu,
+            **({"ns_dtype": dtype} if (dtype := ns_dtype(opts[name], dev)) else {}),
         }
         for name in names
     ]
@@ -187,6 +251,15 @@ def _ratio(record: dict, base: dict) -> tuple[float, list[float] | None]:
     return statistics.median(within), None if quartiles is None else [quartiles[0], quartiles[2]]
 
 
+def _peer(record: dict, records: list[dict], by_name: dict) -> dict | None:
+    """The record's peer (PEERS); for moga's Muon, torch's Muon with the same Newton-Schulz dtype where one ran."""
+    if "ns_dtype" in record and record["name"].startswith("moga-"):
+        same = [r for r in records if r["name"].startswith("torch-muon") and r.get("ns_dtype") == record["ns_dtype"]]
+        if same:
+            return same[0]
+    return by_name.get(PEERS.get(record["name"], ""))
+
+
 def add_ratios(records: list[dict], baseline: str = "torch-adamw-fused") -> list[dict]:
     by_name = {r["name"]: r for r in records}
     base = by_name.get(baseline)
@@ -194,7 +267,7 @@ def add_ratios(records: list[dict], baseline: str = "torch-adamw-fused") -> list
         if base is not None:
             r["ms_vs_adamw_fused"], r["ms_vs_adamw_fused_iqr"] = _ratio(r, base)
             r["state_vs_adamw"] = r["state_bytes"] / max(base["state_bytes"], 1)
-        peer = by_name.get(PEERS.get(r["name"], ""))
+        peer = _peer(r, records, by_name)
         if peer is not None:
             r["peer"] = peer["name"]
             r["ms_vs_peer"], r["ms_vs_peer_iqr"] = _ratio(r, peer)

@@ -374,7 +374,11 @@ MOGA_NOINLINE void exact_row(const S* g, const T* m, S* w, int64_t n, const Ema<
   }
 }
 
-// Rows of sign: one pass.
+// Each stream is prefetched this many elements ahead (pipelined rows, sign rows, column sweeps): the
+// hardware prefetcher alone keeps too few lines in flight for one core's bandwidth.
+constexpr int64_t kPipelineAhead = 768;
+
+// Rows of sign: one pass, every stream prefetched ahead.
 template <typename S, typename T>
 void sign_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cfg, double c) {
   using V = Vectorized<T>;
@@ -382,8 +386,12 @@ void sign_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cf
   const V decay(T(cfg.decay));
   const V cv = V(T(c));
   const Ema<T> ema(cfg);
+  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(S));
   for (int64_t i = 0; i < rows * n; i += L) {  // rows are contiguous: one sweep
     const int64_t cnt = std::min(L, rows * n - i);
+    prefetch_for_read(ahead(g + i, ahead_bytes));
+    if (m) prefetch_for_write(ahead(m + i, ahead_bytes));
+    prefetch_for_write(ahead(w + i, ahead_bytes));
     V d = direction(g + i, m ? m + i : nullptr, cnt, ema);
     store_as(at::vec::fmadd(cv, sign_of(d), load_as<T>(w + i, cnt) * decay), w + i, cnt);
   }
@@ -396,7 +404,6 @@ void sign_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cf
 // rows' lines in L1: 48 KiB for rows of 3072), this measured 4-7% faster for float32 rows of p = 2 and
 // 12-16% for p = 1.5 and for bfloat16 (without the prefetches, 5% slower: docs/results.md, Benchmarks).
 // Bit for bit the same results: each row's sums and updates are made as before.
-constexpr int64_t kPipelineAhead = 768;
 
 template <typename S, typename T, Kind K>
 void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cfg, double c) {
@@ -498,48 +505,75 @@ void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Confi
 
 constexpr int64_t kChunkRows = 32;
 
-// Sweep A: updates m and writes each column's S = sum |d|^p and a = max |d| to sums and tops, row b of
-// the slices at b * stride (stride >= N; the entries past N are left as they are).
+// Sweep A: updates m and writes each column's S = sum |d|^p and, where tops_out is given, a = max |d| to
+// sums and tops, row b of the slices at b * stride (stride >= N; the entries past N are left as they are).
+// Without tops_out no maximum is tracked (the step needs it only for columns that sure_in_range does not
+// clear: col_tops makes it then); g and m are prefetched ahead.
 template <typename S, typename T, Kind K>
 void col_sums(const S* g, S* m, int64_t B, int64_t R, int64_t N, const Config& cfg, T* sums_out, T* tops_out,
               int64_t stride) {
   using V = Vectorized<T>;
   constexpr int64_t L = V::size();
+  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(S));
   const int64_t chunks = std::max<int64_t>(1, (R + kChunkRows - 1) / kChunkRows), width = (N + L - 1) / L * L;
-  std::vector<T> sums(B * chunks * width), tops(B * chunks * width);  // R = 0 (an empty shard): zeros
+  const bool track = tops_out != nullptr;
+  std::vector<T> sums(B * chunks * width), tops(track ? B * chunks * width : 0);  // R = 0 (an empty shard): zeros
   const V e = V(T(cfg.p - 1));
   const Ema<T> ema(cfg);
-  at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t item = lo; item < hi; ++item) {
-      const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
-      T* s = sums.data() + item * width;
-      T* top = tops.data() + item * width;
-      for (int64_t k = k0; k < k1; ++k) {
-        const int64_t off = (b * R + k) * N;
-        for (int64_t j = 0; j < N; j += L) {
-          const int64_t cnt = std::min(L, N - j);
-          V d = direction(g + off + j, m ? m + off + j : nullptr, cnt, ema);
-          at::vec::maximum(V::loadu(top + j), d.abs()).store(top + j);
-          V sv = V::loadu(s + j);
-          powered<T, K>(d, sv, e);
-          sv.store(s + j);
+  auto sweep = [&](auto tracked) MOGA_INLINE_LAMBDA {
+    at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t item = lo; item < hi; ++item) {
+        const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
+        T* s = sums.data() + item * width;
+        T* top = decltype(tracked)::value ? tops.data() + item * width : nullptr;
+        for (int64_t k = k0; k < k1; ++k) {
+          const int64_t off = (b * R + k) * N;
+          for (int64_t j = 0; j < N; j += L) {
+            const int64_t cnt = std::min(L, N - j);
+            prefetch_for_read(ahead(g + off + j, ahead_bytes));
+            if (m) prefetch_for_write(ahead(m + off + j, ahead_bytes));
+            V d = direction(g + off + j, m ? m + off + j : nullptr, cnt, ema);
+            if constexpr (decltype(tracked)::value) at::vec::maximum(V::loadu(top + j), d.abs()).store(top + j);
+            V sv = V::loadu(s + j);
+            powered<T, K>(d, sv, e);
+            sv.store(s + j);
+          }
         }
       }
-    }
-  });
+    });
+  };
+  if (track) sweep(std::true_type());
+  else sweep(std::false_type());
   for (int64_t b = 0; b < B; ++b) {  // the chunks' partial sums, in order
     T* s0 = sums.data() + b * chunks * width;
-    T* t0 = tops.data() + b * chunks * width;
+    T* t0 = track ? tops.data() + b * chunks * width : nullptr;
     for (int64_t ch = 1; ch < chunks; ++ch) {
       const T* s1 = s0 + ch * width;
-      const T* t1 = t0 + ch * width;
-      for (int64_t j = 0; j < width; j += L) {
-        (V::loadu(s0 + j) + V::loadu(s1 + j)).store(s0 + j);
-        at::vec::maximum(V::loadu(t0 + j), V::loadu(t1 + j)).store(t0 + j);
-      }
+      for (int64_t j = 0; j < width; j += L) (V::loadu(s0 + j) + V::loadu(s1 + j)).store(s0 + j);
+      if (track)
+        for (int64_t j = 0; j < width; j += L)
+          at::vec::maximum(V::loadu(t0 + j), V::loadu(t0 + ch * width + j)).store(t0 + j);
     }
     std::copy(s0, s0 + N, sums_out + b * stride);
-    std::copy(t0, t0 + N, tops_out + b * stride);
+    if (track) std::copy(t0, t0 + N, tops_out + b * stride);
+  }
+}
+
+// max |d| per column of slice b into tops (N entries), d made again from g and the updated m (float storage:
+// as sweep A made it); for the rare slice with a column that sure_in_range does not clear.
+template <typename S, typename T>
+MOGA_NOINLINE void col_tops(const S* g, const S* m, int64_t b, int64_t R, int64_t N, const Config& cfg, T* tops) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const Ema<T> ema(cfg);
+  std::fill(tops, tops + N, T(0));
+  for (int64_t k = 0; k < R; ++k) {
+    const int64_t off = (b * R + k) * N;
+    for (int64_t j = 0; j < N; j += L) {
+      const int64_t cnt = std::min(L, N - j);
+      const V d = direction_peek(g + off + j, m ? m + off + j : nullptr, cnt, ema);
+      at::vec::maximum(V::loadu(tops + j, cnt), d.abs()).store(tops + j, cnt);
+    }
   }
 }
 
@@ -550,6 +584,7 @@ void col_update(const S* g, const S* m, S* w, int64_t B, int64_t R, int64_t N, c
                 int64_t stride, const char* skip) {
   using V = Vectorized<T>;
   constexpr int64_t L = V::size();
+  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(S));
   const int64_t chunks = (R + kChunkRows - 1) / kChunkRows;
   const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
   const Ema<T> ema(cfg);
@@ -563,6 +598,9 @@ void col_update(const S* g, const S* m, S* w, int64_t B, int64_t R, int64_t N, c
         const int64_t off = (b * R + k) * N;
         for (int64_t j = 0; j < N; j += L) {
           const int64_t cnt = std::min(L, N - j);
+          prefetch_for_read(ahead(m && !ema.nesterov ? m + off + j : g + off + j, ahead_bytes));
+          if (m && ema.nesterov) prefetch_for_read(ahead(m + off + j, ahead_bytes));
+          prefetch_for_write(ahead(w + off + j, ahead_bytes));
           V t = powered<T, K>(direction_peek(g + off + j, m ? m + off + j : nullptr, cnt, ema), unused, e);
           store_as(at::vec::fmadd(V::loadu(fb + j, cnt), t, load_as<T>(w + off + j, cnt) * decay), w + off + j, cnt);
         }
@@ -604,10 +642,21 @@ void col_tensor_step(const S* g, S* m, S* w, int64_t B, int64_t R, int64_t N, co
   const int64_t width = (N + L - 1) / L * L;
   std::vector<T> sums(B * width), tops(B * width), f(B * width, T(0));
   std::vector<char> exact(B * width, 0), slice_exact(B, 0);
-  col_sums<S, T, K>(g, m, B, R, N, cfg, sums.data(), tops.data(), width);
-  for (int64_t b = 0; b < B; ++b)
+  // Float storage: no maximum in sweep A; a slice with a column whose S alone cannot rule out a zero or
+  // out-of-range column (sure_in_range) takes them in a second look (col_tops). bfloat16 rounds m where it
+  // is stored, so a second look would not see sweep A's d: there sweep A tracks the maximum.
+  constexpr bool tracked = !std::is_same_v<S, T>;
+  col_sums<S, T, K>(g, m, B, R, N, cfg, sums.data(), tracked ? tops.data() : nullptr, width);
+  for (int64_t b = 0; b < B; ++b) {
+    T* top = tops.data() + b * width;
+    if (!tracked) {
+      const T* s = sums.data() + b * width;
+      if (std::all_of(s, s + N, [&](T x) { return sure_in_range<T>(x, R); })) std::fill(top, top + N, T(1));
+      else col_tops<S, T>(g, m, b, R, N, cfg, top);  // rare
+    }
     slice_exact[b] = factors<T, K>(sums.data() + b * width, tops.data() + b * width, N, cfg, c, f.data() + b * width,
                                    exact.data() + b * width);
+  }
   col_update<S, T, K>(g, m, w, B, R, N, cfg, f.data(), width, slice_exact.data());
   for (int64_t b = 0; b < B; ++b)  // rare: slices with a column to redo in double, redone whole
     if (slice_exact[b])
