@@ -7,7 +7,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from moga.bench.optimizer import OPTIMIZERS, add_ratios
+from moga.bench.optimizer import OPTIMIZERS, add_ratios, make_optimizers, ns_dtype
+from moga.hardware import assume, facts
 from moga.optim import MOGA
 from moga.cli import app
 
@@ -142,3 +143,48 @@ def test_moga_records_name_their_momentum():
         opt = make(params)
         if isinstance(opt, MOGA):
             assert all(g["nesterov"] == ("nesterov" in name) for g in opt.param_groups), name
+
+
+def test_float32_torch_muon_is_torchs_muon_with_float32_newton_schulz():
+    """torch-muon-float32 is torch.optim.Muon with its iteration in float32: equal to moga's Muon with torch's
+    scale and float32 Newton-Schulz, and not to torch's own (bfloat16) step; torch's function is restored."""
+    from torch.optim import _muon
+
+    from moga.optim import Muon
+
+    original = _muon._zeropower_via_newtonschulz
+    gen = torch.Generator().manual_seed(2)
+    start, grad = torch.randn(24, 16, generator=gen), torch.randn(24, 16, generator=gen)
+    results = {}
+    for name, make in [("torch32", OPTIMIZERS["torch-muon-float32"]), ("torch", OPTIMIZERS["torch-muon"]),
+                       ("moga32", lambda ps: Muon(ps, lr=1e-3, scale="torch", ns_dtype="float32", momentum=0.95,
+                                                 nesterov=True, weight_decay=0.0, kernel="torch"))]:
+        p = torch.nn.Parameter(start.clone())
+        p.grad = grad.clone()
+        make([p]).step()
+        results[name] = p.detach()
+    assert torch.equal(results["torch32"], results["moga32"])
+    assert not torch.equal(results["torch32"], results["torch"])
+    assert _muon._zeropower_via_newtonschulz is original
+
+
+def test_records_name_the_cpu_kind():
+    result = CliRunner().invoke(app, ["bench", "optimizer", "--blocks", "1", "--repeats", "1", "--warmup", "0",
+                                      "--only", "torch-adamw-fused", "--json"])
+    assert result.exit_code == 0, result.output
+    cpu = json.loads(result.output)[0]["cpu"]
+    assert cpu["model"] and cpu["kernel_capability"] in ("AVX512", "AVX2", "DEFAULT") and cpu["torch_capability"]
+    assert set(cpu["flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+    assert cpu["bf16_matmul"] == facts().bf16_matmul
+
+
+@pytest.mark.parametrize("bf16_units", [False, True])
+def test_muons_peer_is_torchs_muon_with_the_same_newton_schulz_dtype(bf16_units):
+    with assume(bf16_matmul=bf16_units):
+        opts = make_optimizers(["torch-muon", "torch-muon-float32", "moga-muon"], [(12, 8)])
+        dtypes = {name: ns_dtype(opt, torch.device("cpu")) for name, opt in opts.items()}
+    assert dtypes == {"torch-muon": "bfloat16" if bf16_units else "bfloat16 (emulated)",
+                      "torch-muon-float32": "float32", "moga-muon": dtypes["torch-muon" if bf16_units else
+                                                                          "torch-muon-float32"]}
+    records = add_ratios([{"name": name, "ms": 1.0, "state_bytes": 4, "ns_dtype": d} for name, d in dtypes.items()])
+    assert records[2]["peer"] == ("torch-muon" if bf16_units else "torch-muon-float32")

@@ -70,9 +70,7 @@ def adam_step(plan, group: dict, params, exp_avgs, exp_avg_sqs, steps, found_inf
     lr, wd = group["lr"], group["weight_decay"]
     beta1, beta2 = group["betas"]
     by_scale: dict[float, list[list]] = {}
-    # Last to first, as the C++ kernel steps: the non-finite check has just read every gradient first to
-    # last, so the last ones are still in the last-level cache. Each tensor's step is its own: same bits.
-    for p, m, v, step in reversed(list(zip(params, exp_avgs, exp_avg_sqs, steps))):
+    for p, m, v, step in zip(params, exp_avgs, exp_avg_sqs, steps):
         lists = by_scale.setdefault(plan.sign_scale(p), [[], [], [], [], []])
         for bucket, t in zip(lists, (local(p), local(p.grad), m, v, step)):
             bucket.append(t)
