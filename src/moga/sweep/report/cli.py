@@ -40,8 +40,12 @@ def report_command(
                                     max_regret=max_regret)
         out = out or (sweep if sweep.is_dir() else sweep.parent) / "report"
         paths = write_outputs(summaries, records, out, title, tuple(by), ("png", "svg" if svg else "pdf"))
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # a damaged store too (moga.sweep.store.StoreDamaged)
         raise typer.BadParameter(str(e)) from None
+    except OSError as e:  # a read-only sweep directory: the store was read, the report cannot go there
+        typer.echo(f"error: could not write {e.filename or out}: {e.strerror or e}; give --out DIR elsewhere "
+                   "(the sweep itself is only read)", err=True)
+        raise typer.Exit(1) from None
     print_verdicts(summaries)
     typer.echo(f"report: {paths['report.html']}")
 
