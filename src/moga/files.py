@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO
@@ -80,15 +82,18 @@ def copy_file(source: str | Path, target: str | Path) -> Path:
 
 
 def _open_nofollow(path: Path, flags: int) -> int:
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:  # O_NONBLOCK: a FIFO planted there must not block the open (it has no effect on a regular file)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP or path.is_symlink():
             raise UnsafeFile(path) from None
+        if e.errno == errno.ENXIO:  # a FIFO without a reader
+            raise UnsafeFile(path, "not a regular file") from None
         raise
-    if not os.path.stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device would block or write elsewhere
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device would block or write elsewhere
         os.close(fd)
         raise UnsafeFile(path, "not a regular file")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import typer
 
 from moga.experiments.reproduce.table import table_cell
-from moga.files import copy_file, write_text
+from moga.files import copy_file, refuse_symlinks, write_text
 from moga.sweep.executor import run_sweep
 from moga.sweep.report import write_report
 from moga.sweep.results import records
@@ -82,6 +82,7 @@ def run_demo(out: Path, quick: bool = False, workers: int = 2, data: str | None 
              progress: bool = True, min_seeds: int = 3, max_seeds: int = 6) -> dict:
     """The sweep, then seeds on each panel's decisive rates until its verdict is decided (or ``max_seeds``)."""
     spec = demo_sweep(quick, data)
+    refuse_symlinks(out / "report")  # a link planted there would take the report out of the directory
     sweep, counts = run_until_decided(
         lambda include: Sweep.from_dict({**spec, "include": include}), out,
         lambda sw: run_sweep(sw, out, workers=workers, progress=progress),

@@ -62,7 +62,7 @@ def sweep(
             spec = store.definition()["spec"]
             table = status_table(store, spec["lr_key"], metric)
         except (SweepError, OSError) as e:  # OSError: a symlink planted at sweep.db (moga.files.UnsafeFile)
-            console.print(f"[red]error:[/red] {escape(str(e))}")
+            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
             raise typer.Exit(2) from None
         Console(width=max(console.width, 40 + 9 * len(table.columns))).print(table)  # never squash the grid
         return
@@ -72,7 +72,7 @@ def sweep(
     try:
         spec = Sweep.from_file(target)
     except (SweepError, ConfigError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
     out = out or Path("runs") / (spec.spec.name or Path(target).stem)
     if rebuild:
@@ -91,7 +91,7 @@ def sweep(
         else:
             counts = run(spec)
     except (SweepError, ValueError, RuntimeError, OSError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM
         console.print(f"interrupted: running cells were checkpointed and handed back; run the same command "

@@ -496,10 +496,14 @@ class SweepStore:
              "error": r[8]}
             for r in rows
         ]
+        grid = self.grid()
         for c in cells:
             if c["status"] not in STATUSES or not isinstance(c["result"], (dict, type(None))):
                 raise self.damaged(f"cell {c['id']} has status {str(c['status'])[:40]!r} and result "
                                    f"{str(c['result'])[:80]}")
+            # an extension drops the waiting cells that left the grid: one still waiting outside it was put there
+            if grid is not None and c["status"] in (Status.PENDING, Status.FAILED) and c["id"] not in grid:
+                raise self.damaged(f"cell {c['id']} ({str(c['params'])[:160]}) waits to run but is not in its grid")
         return cells
 
     def counts(self) -> dict[str, int]:

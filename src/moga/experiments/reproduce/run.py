@@ -30,7 +30,7 @@ from moga.experiments.reproduce.clock import ClaimClock
 from moga.experiments.reproduce.race import contender_arms, judge_race, race_seeds
 from moga.experiments.smoothness.checks import judge_checks
 from moga.experiments.smoothness.convergence import convergence_experiment
-from moga.files import write_json
+from moga.files import refuse_symlinks, write_json
 from moga.sweep.executor import run_sweep
 from moga.sweep.report import analyze, write_report
 from moga.sweep.report.joint import analyze_joint, plot_regret_map
@@ -51,6 +51,7 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
               progress: bool = True, command: str | None = None, min_seeds: int = 3, max_seeds: int = 6) -> dict:
     """Run (or resume) ``rep`` at ``scale`` in ``out``, write its report and outcome.json; return the outcome."""
     out = Path(out)
+    refuse_symlinks(out / "report")  # a link planted there would take the report out of the directory
     with ClaimClock(out) as clock:  # a resumed or extended run adds to the time already spent, kills included
         outcome = _run_and_judge(rep, out, scale, workers, executor, ray_address, data, max_regret, progress,
                                  min_seeds, max_seeds)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from moga.files import replacing, write_text
+from moga.files import refuse_symlinks, replacing, write_text
 from moga.sweep.report.document import DEFINITIONS, build_document
 from moga.sweep.report.figures import plot_panels
 from moga.sweep.report.metrics import GROUP_KEYS, analyze, select_scale
@@ -56,6 +56,7 @@ def write_outputs(summaries: Mapping[str, Sequence[PanelSummary]], records: Sequ
                   formats: Sequence[str] = ("png", "pdf")) -> dict[str, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    refuse_symlinks(out_dir / "figures")  # the files themselves are replaced, never written through (moga.files)
     scale_key = records[0].scale_key
     title = title or f"Learning-rate transfer across {scale_key.rsplit('.', 1)[-1]}"
     formats = ["png", *(f for f in formats if f != "png")]  # the HTML embeds the PNG
