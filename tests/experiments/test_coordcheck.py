@@ -115,8 +115,8 @@ def test_a_model_with_no_matrices_says_so(tmp_path):
     from moga.cli import app
 
     result = CliRunner().invoke(app, ["coordcheck", "--model", "tests.experiments.coordcheck_factory:no_matrices",
-                                      "--widths", "8,16", "--steps", "1", "--optim", "adamw", "-o", str(tmp_path / "o")],
-                                terminal_width=300)
+                                      "--widths", "8,16", "--steps", "1", "--optim", "adamw",
+                                      "-o", str(tmp_path / "o")], terminal_width=300)
     assert result.exit_code == 2 and "has no matrices to check" in result.output, result.output
     assert not (tmp_path / "o").exists()
 

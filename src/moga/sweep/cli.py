@@ -108,5 +108,6 @@ def sweep(
                       "and their errors in the store; --retry-failed runs them again")
         errors = [c for c in SweepStore(out).cells() if c["status"] == Status.FAILED and c["error"]]
         for cell in errors[:3]:  # the last line of a traceback says what went wrong
-            console.print(f"  {cell['id']}: {cell['error'].strip().splitlines()[-1]}", markup=False, highlight=False)
+            console.print(f"  {cell['id']}: {cell['error'].strip().splitlines()[-1]}", markup=False, highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(1)
