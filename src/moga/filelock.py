@@ -9,12 +9,15 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from moga.files import open_lock
+
 
 @contextmanager
 def exclusive_lock(path: Path):
-    """Block until this process holds ``path`` (created, with its directory, when missing)."""
+    """Block until this process holds ``path`` (created, with its directory, when missing; a symlink there is
+    refused: :class:`moga.files.UnsafeFile`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
+    with open_lock(path) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -53,7 +56,7 @@ def writer_lock(path: Path, *, wait: bool = False, on_wait=None):
     path = Path(path)
     while True:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+")  # not "w": that would erase the holder's PID before we hold the lock
+        handle = open_lock(path)  # not truncated: that would erase the holder's PID before we hold the lock
         try:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -109,6 +109,18 @@ def test_cli_on_a_user_factory(tmp_path):
     assert (tmp_path / "coordcheck_moga_vectors_sign_p_2.0.png").is_file() and (tmp_path / "coordcheck.json").is_file()
 
 
+def test_a_model_with_no_matrices_says_so(tmp_path):
+    from typer.testing import CliRunner
+
+    from moga.cli import app
+
+    result = CliRunner().invoke(app, ["coordcheck", "--model", "tests.experiments.coordcheck_factory:no_matrices",
+                                      "--widths", "8,16", "--steps", "1", "--optim", "adamw",
+                                      "-o", str(tmp_path / "o")], terminal_width=300)
+    assert result.exit_code == 2 and "has no matrices to check" in result.output, result.output
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_no_import_refuses_a_factory_before_importing_it(tmp_path, monkeypatch, how):
     import sys

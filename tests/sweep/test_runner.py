@@ -249,6 +249,32 @@ def test_ctrl_c_on_the_process_group_checkpoints_and_releases_the_cell_once(tmp_
     assert seen <= checkpoint["step"] < 10**6  # saved where it stopped (no periodic checkpoints in this config)
 
 
+def test_sigterm_to_the_sweep_ends_it_with_a_message_and_releases_the_cell(tmp_path):
+    """SIGTERM (a scheduler's stop, `kill PID`) to `moga sweep` alone is Ctrl-C's path: the workers checkpoint,
+    hand their cells back, and the sweep says how to resume, instead of vanishing without a word."""
+    endless = {**BASE, "train": {"steps": 10**6, "batch_size": 32}, "checkpoint": {"every": 0},
+               "logging": {"progress": False, "log_every": 1}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": endless, "axes": {"optim.lr": [0.05], "model.depth": [1]},
+                                    "scale_key": "model.depth"}))
+    store = SweepStore(tmp_path / "out")
+    cmd = [sys.executable, "-m", "moga", "sweep", str(path), "--out", str(store.dir), "--quiet", "--workers", "1"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        while max(_live_progress(store).values(), default=0) < 1:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out, errors = proc.stdout.read().decode(), proc.stderr.read().decode()
+    assert "Traceback" not in errors and "interrupted: running cells were checkpointed" in out, (out, errors)
+    (cell,) = store.cells()
+    assert cell["status"] == "pending" and [e["event"] for e in store.events()] == ["claim", "release"]
+
+
 def test_two_processes_share_a_sweep_without_running_a_cell_twice(tmp_path):
     path = write_sweep(tmp_path)
     out = tmp_path / "out"

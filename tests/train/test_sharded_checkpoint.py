@@ -216,3 +216,21 @@ def test_a_save_killed_by_kill_9_leaves_no_temporary_directory(stopped):
     assert run(CONFIG, run_dir, stop_at=2, quiet=True)["status"] == "stopped"  # resumed at 2: nothing saved
     assert not tmp.exists()
     assert sorted(p.name for p in run_dir.iterdir() if "checkpoint" in p.name) == [DIRECTORY]
+
+
+def test_an_engine_pt_without_shard_digests_is_refused_unless_trusted(stopped, monkeypatch):
+    """The pre-digest format would turn every shard check off: refused in one line, naming the way to trust it."""
+    from moga.train.checkpoint import load_checkpoint, save_checkpoint
+    from moga.train.sharded_checkpoint import ENGINE, FILES
+
+    engine = stopped / "run" / DIRECTORY / ENGINE
+    state = load_checkpoint(engine)
+    del state[FILES]
+    save_checkpoint(engine, {k: v for k, v in state.items() if k not in ("format", "version", "sha256")})
+    out = _resume_with_cli(stopped)
+    assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1, out.output
+    assert f"{engine} has no SHA-256 digests of its shard files" in out.output and "--allow-unchecked" in out.output
+    assert not (stopped / "run" / "result.json").exists()
+    monkeypatch.setenv("MOGA_ALLOW_UNCHECKED", "0")  # restored (unset) after the test: the flag sets it to 1
+    out = _cli([str(stopped / "config.yaml"), "-q", "-o", str(stopped / "run"), "--allow-unchecked"])
+    assert out.exit_code == 0, out.output

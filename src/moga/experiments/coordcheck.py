@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ from torch.func import functional_call
 
 from moga.depth import residual_alpha
 from moga.experiments.coordcheck_plot import figure
+from moga.files import save_figure, write_json
 from moga.geometry import parse_geometry
 from moga.models import GPT, ResidualMLP
 from moga.models.init import width_aware_init
@@ -336,7 +336,7 @@ def plot(records: list[Record], path: Path, optimizer: str, depth: int | None = 
 
     fig = figure(records, optimizer, depth)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
     plt.close(fig)
     return path
 
@@ -372,6 +372,9 @@ def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZE
                 if init == "width":
                     width_aware_init(problem.model, seed=seed)
                 records += run_one(problem, optimizer, lr, steps, width, depth)
+    if not records:  # else: no line printed, no file written, and no word why
+        raise ValueError(f"the model {model!r} has no matrices to check (no 2-D weight whose output grows with "
+                         "width): a coordinate check needs a model with linear layers")
     return records, verdicts(records, tolerance)
 
 
@@ -400,8 +403,8 @@ def report(records: list[Record], found: list[LayerVerdict], out: Path | None) -
                 name = f"coordcheck_{label}" + (f"_depth{depth}" if depth is not None else "") + ".png"
                 lines.append(f"figure: {plot(records, out / name, optimizer, depth)}")
     if out is not None:
-        (out / "coordcheck.json").write_text(json.dumps({
-            "records": [asdict(r) for r in records], "verdicts": [asdict(v) for v in found]}, indent=1))
+        write_json(out / "coordcheck.json", {
+            "records": [asdict(r) for r in records], "verdicts": [asdict(v) for v in found]})
     return "\n".join(lines)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from moga.status import Status
 from moga.sweep.executor import EXECUTORS, run_sweep
@@ -15,6 +17,10 @@ from moga.sweep.spec import Sweep, SweepError
 from moga.sweep.store import SweepStore
 from moga.train.cli import refuse_imports
 from moga.train.config import ConfigError
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def sweep(
@@ -55,8 +61,8 @@ def sweep(
         try:
             spec = store.definition()["spec"]
             table = status_table(store, spec["lr_key"], metric)
-        except SweepError as e:
-            console.print(f"[red]error:[/red] {e}")
+        except (SweepError, OSError) as e:  # OSError: a symlink planted at sweep.db (moga.files.UnsafeFile)
+            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
             raise typer.Exit(2) from None
         Console(width=max(console.width, 40 + 9 * len(table.columns))).print(table)  # never squash the grid
         return
@@ -66,7 +72,7 @@ def sweep(
     try:
         spec = Sweep.from_file(target)
     except (SweepError, ConfigError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
     out = out or Path("runs") / (spec.spec.name or Path(target).stem)
     if rebuild:
@@ -74,6 +80,7 @@ def sweep(
         if aside is not None:
             console.print(f"set the old store aside as {aside}; rebuilding it from {out / 'cells'}")
     console.print(f"sweep {Path(target).name}: {len(spec.cells)} cells -> {out}")
+    old = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: workers checkpoint and hand back their cells
     try:
         run = lambda sw: run_sweep(sw, out, workers, executor, ray_address, progress=not quiet,  # noqa: E731
                                    retry_failed=retry_failed)
@@ -83,13 +90,15 @@ def sweep(
             console.print(f"seeds: {len(spec.cells)} cells with those added where a decision was close")
         else:
             counts = run(spec)
-    except (SweepError, ValueError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
+    except (SweepError, ValueError, RuntimeError, OSError) as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM
         console.print(f"interrupted: running cells were checkpointed and handed back; run the same command "
                       f"to resume ({out})")
         raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "seconds")
     console.print(f"done in {counts['seconds']} s: {summary}")
     failed = counts.get(Status.FAILED, 0)
@@ -99,5 +108,6 @@ def sweep(
                       "and their errors in the store; --retry-failed runs them again")
         errors = [c for c in SweepStore(out).cells() if c["status"] == Status.FAILED and c["error"]]
         for cell in errors[:3]:  # the last line of a traceback says what went wrong
-            console.print(f"  {cell['id']}: {cell['error'].strip().splitlines()[-1]}", markup=False, highlight=False)
+            console.print(f"  {cell['id']}: {cell['error'].strip().splitlines()[-1]}", markup=False, highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(1)

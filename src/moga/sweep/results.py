@@ -6,6 +6,7 @@ import json
 import math
 
 from rich.table import Table
+from rich.text import Text
 
 from moga.status import DONE, Status
 from moga.sweep.store import SweepStore
@@ -50,12 +51,17 @@ def format_lr(lr: float) -> str:
 def status_table(store: SweepStore, lr_key: str, metric: str = "final_train_loss"):
     """A rich Table: one row per combination of the other axes, one column per learning rate."""
     cells = store.cells()
-    lrs = sorted({c["params"][lr_key] for c in cells})
-    row_keys = [k for k in cells[0]["params"] if k != lr_key] if cells else []
-    rows: dict[tuple, dict] = {}
-    for c in cells:
-        key = tuple(c["params"][k] for k in row_keys)
-        rows.setdefault(key, {})[c["params"][lr_key]] = c
+    try:
+        lrs = sorted({c["params"][lr_key] for c in cells})
+        row_keys = [k for k in cells[0]["params"] if k != lr_key] if cells else []
+        rows: dict[tuple, dict] = {}
+        for c in cells:
+            key = tuple(c["params"][k] for k in row_keys)
+            rows.setdefault(key, {})[c["params"][lr_key]] = c
+        if not all(isinstance(lr, (int, float)) and not isinstance(lr, bool) for lr in lrs):
+            raise TypeError("a learning rate is not a number")
+    except (KeyError, TypeError, ValueError) as e:  # rows that are no grid: no lr, or unlike the others
+        raise store.damaged(f"its cells do not form a grid over {lr_key} ({type(e).__name__}: {e})") from None
     counts = store.counts()
     table = Table(title=f"{metric} by {lr_key}  ({', '.join(f'{k} {v}' for k, v in counts.items() if v)})")
     for k in row_keys:
@@ -63,7 +69,7 @@ def status_table(store: SweepStore, lr_key: str, metric: str = "final_train_loss
     for lr in lrs:
         table.add_column(format_lr(lr), justify="right", no_wrap=True)
     for key, by_lr in rows.items():
-        table.add_row(*map(str, key), *(_mark(by_lr.get(lr), metric) for lr in lrs))
+        table.add_row(*(Text(str(k)) for k in key), *(_mark(by_lr.get(lr), metric) for lr in lrs))  # never markup
     return table
 
 

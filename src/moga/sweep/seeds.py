@@ -19,7 +19,7 @@ from moga.sweep.report.decision import decisive_rates
 from moga.sweep.report.schema import parse_records
 from moga.sweep.report.summary import PanelSummary
 from moga.sweep.results import records
-from moga.sweep.spec import Sweep, cell_id
+from moga.sweep.spec import Sweep, canonical, cell_id
 from moga.sweep.store import SweepStore
 
 
@@ -70,12 +70,27 @@ def more_seeds(summaries: Sequence[PanelSummary], rows: list[dict], scale_key: s
     return out
 
 
-def stored_include(out) -> list[dict]:
-    """The seeds an earlier run of this sweep directory added (they stay in the grid when it resumes)."""
+def stored_include(out, make_sweep) -> list[dict]:
+    """The seeds an earlier run of this sweep directory added (they stay in the grid when it resumes).
+
+    The store is data, not config: each recorded entry must be a cell that ``make_sweep([])`` (the config
+    alone) makes, or one of them with another integer ``seed``. Anything else (a changed model name, say)
+    is refused as a damaged store, never run."""
     store = SweepStore(out)
     if not store.exists():
         return []
-    return list(store.definition()["spec"].get("include") or [])
+    include = store.definition()["spec"].get("include") or []
+    own = make_sweep([]).cells
+    cells = {canonical(c) for c in own}
+    bases = {canonical({k: v for k, v in c.items() if k != "seed"}) for c in own}
+    for entry in include if isinstance(include, list) else [include]:
+        seed = entry.get("seed") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and (canonical(entry) in cells or (
+                type(seed) is int and canonical({k: v for k, v in entry.items() if k != "seed"}) in bases)):
+            continue
+        raise store.damaged(f"its recorded include: entry {str(entry)[:200]} is not a cell of this sweep's "
+                            "config (or one with another seed)")
+    return list(include)
 
 
 def run_until_decided(make_sweep, out, run, rows_of, group_keys: Sequence[str], max_regret: float,
@@ -83,7 +98,7 @@ def run_until_decided(make_sweep, out, run, rows_of, group_keys: Sequence[str], 
     """Run the grid (``make_sweep(include)`` builds the sweep, ``run(sweep)`` runs it and returns its counts),
     then add seeds until no panel wants more; returns (sweep, counts). ``rows_of(sweep)`` gives the records
     and their scale key. Resumable: the seeds already added are read back from the store."""
-    include = stored_include(out)
+    include = stored_include(out, make_sweep)
     sweep = make_sweep(include)
     counts = run(sweep)
     while max_seeds > 1:

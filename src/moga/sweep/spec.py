@@ -40,6 +40,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,15 @@ def _kind(v: Any) -> str:
 
 
 def cell_id(params: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(dict(params), sort_keys=True).encode()).hexdigest()[:12]
+    return hashlib.sha256(canonical(params).encode()).hexdigest()[:12]
+
+
+def canonical(params: Mapping[str, Any]) -> str:
+    """A cell's params as one string: equal exactly when the cells are (what its id hashes)."""
+    return json.dumps(dict(params), sort_keys=True)
+
+
+CELL_ID = re.compile(r"[0-9a-f]{12}")  # what cell_id makes: the only names a cell's run directory may have
 
 
 class Sweep:

@@ -12,6 +12,12 @@ The store only indexes what the run directories hold: each settled cell also has
 So a lost or damaged ``sweep.db`` loses nothing: set it aside (``moga sweep CONFIG --rebuild``) and
 the sweep's cells are read back from their run directories, the unfinished ones resuming from their
 checkpoints.
+
+The store is data, never config: a store may come from anyone (a shared disk, an archive), so its rows are
+checked when read (a cell's id is the hash of its params, and names its run directory only in that form) and
+a worker runs only the cells that the sweep's own config makes (:meth:`SweepStore.check`). Anything else is
+"store damaged", one line that names the row and ``--rebuild``. A store that cannot be written (a finished
+sweep on a read-only mount) is opened immutable, so it can still be read.
 """
 
 from __future__ import annotations
@@ -25,10 +31,11 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from moga.files import UnsafeFile, read_only, refuse_symlinks
 from moga.optim.multipliers import PAPER, Preset, preset_options
 from moga.optim.muon import MUON_DEFAULT
 from moga.status import DONE, Status
-from moga.sweep.spec import Sweep, SweepError, SweepSpec, cell_id
+from moga.sweep.spec import CELL_ID, Sweep, SweepError, SweepSpec, canonical, cell_id
 
 DB_NAME = "sweep.db"
 STATUSES = tuple(Status)
@@ -203,6 +210,12 @@ def changed_keys(a, b, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix.rstrip(".")]
 
 
+def set_aside_all(directory: str | Path) -> list[Path]:
+    """``--rebuild`` where one command keeps its stores under one directory (moga reproduce, moga demo): every
+    sweep.db there set aside, so each is rebuilt from its config and its cells' run directories."""
+    return [aside for db in sorted(Path(directory).rglob(DB_NAME)) if (aside := SweepStore(db.parent).set_aside())]
+
+
 class SweepStore:
     def __init__(self, sweep_dir: str | Path, *, wall=time.time, clock=time.monotonic):
         self.dir = Path(sweep_dir)
@@ -218,22 +231,68 @@ class SweepStore:
         if not create and not self.path.is_file():  # never leave an empty sweep.db behind a read
             raise SweepError(f"{self.dir} holds no sweep (no {DB_NAME}); start one there with "
                              f"moga sweep CONFIG --out {self.dir}")
-        con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        refuse_symlinks(self.path, *(self.path.with_name(DB_NAME + s) for s in ("-wal", "-shm", "-journal")))
+        writable = create or not (read_only(self.dir) or read_only(self.path))
+        if writable:
+            con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        else:  # read-only: WAL mode would need to create sweep.db-shm; immutable reads the file as it is
+            con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                                  isolation_level=None)
         try:
             con.execute("PRAGMA busy_timeout = 60000")
             yield con
         except sqlite3.DatabaseError as e:
             if _damaged(e):
                 raise StoreDamaged(self.damaged_message(e)) from None
+            if not writable or "readonly" in str(e):
+                raise SweepError(f"the sweep store {self.path} is read-only ({e}): it can be read (moga sweep "
+                                 "status, moga report --out DIR) but not run; copy it somewhere writable to run "
+                                 "it") from None
             raise
         finally:
             con.close()
 
     def damaged_message(self, error: Exception) -> str:
-        return (f"the sweep store {self.path} is damaged ({error}). The cells are safe in {self.dir / 'cells'}: "
-                f"run the sweep again with --rebuild (moga sweep CONFIG --out {self.dir} --rebuild), which sets "
-                "the damaged file aside and rebuilds the store from each cell's result.json (unfinished cells "
-                "resume from their checkpoints)")
+        return self.damaged(f"{error}").args[0]
+
+    def damaged(self, what: str) -> StoreDamaged:
+        """The one line for a store that cannot be trusted: what is wrong, and ``--rebuild``."""
+        return StoreDamaged(
+            f"store damaged: {self.path}: {what}. Nothing was run from it; the cells are safe in "
+            f"{self.dir / 'cells'}: run the sweep again with --rebuild (moga sweep CONFIG --out {self.dir} "
+            "--rebuild, or the same moga reproduce / moga demo command with --rebuild), which sets the store "
+            "aside and rebuilds it from the config and each cell's result.json (unfinished cells resume from "
+            "their checkpoints)")
+
+    def _json(self, text, what: str):
+        try:
+            return json.loads(text)
+        except (TypeError, ValueError, RecursionError) as e:
+            raise self.damaged(f"{what} is not JSON ({type(e).__name__}: {str(e)[:80]})") from None
+
+    def _row(self, cid, params: str, where: str = "") -> dict:
+        """A cell row's params, checked: the id is the hash's form and the hash of the params."""
+        if not isinstance(cid, str) or not CELL_ID.fullmatch(cid):
+            raise self.damaged(f"a cell id {str(cid)[:40]!r} is not a cell id (12 hex digits)")
+        params = self._json(params, f"cell {cid}'s params")
+        if not isinstance(params, dict) or cell_id(params) != cid:
+            raise self.damaged(f"cell {cid}'s params {str(params)[:120]} are not what its id names")
+        return params
+
+    def check(self, sweep: Sweep) -> None:
+        """Every row is well formed, and every cell that may still run (pending, running, failed) is one that
+        ``sweep``, the user's own config, makes: a store never decides what runs."""
+        allowed = {canonical(c) for c in sweep.cells}
+        with self._connect() as con:
+            rows = con.execute("SELECT id, params, status, result FROM cells").fetchall()
+        for cid, params, status, result in rows:
+            params = self._row(cid, params)
+            if status not in STATUSES:
+                raise self.damaged(f"cell {cid} has no status {str(status)[:40]!r}")
+            if status not in DONE and canonical(params) not in allowed:
+                raise self.damaged(f"cell {cid} ({str(params)[:160]}) is not a cell of this sweep's config")
+            if result is not None and not isinstance(self._json(result, f"cell {cid}'s result"), dict):
+                raise self.damaged(f"cell {cid}'s result is not a mapping")
 
     def set_aside(self) -> Path | None:
         """Move sweep.db (and its WAL files) to sweep.db.damaged[-N], so the next run rebuilds the store."""
@@ -272,8 +331,14 @@ class SweepStore:
         An extension changes only the grid: more lr values or scales, other values or exclusions. Every cell
         already in the store is kept (finished cells are never run again); the new cells are added and
         pending cells that left the grid are dropped. A different base config, lr key or set of axes is a
-        different sweep and is refused. Returns {"added": n, "dropped": n}.
+        different sweep and is refused. Returns {"added": n, "dropped": n}. Then every row is checked
+        against ``sweep`` (:meth:`check`): a store that would run anything else is refused as damaged.
         """
+        counts = self._create_or_extend(sweep)
+        self.check(sweep)
+        return counts
+
+    def _create_or_extend(self, sweep: Sweep) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
         definition = json.dumps(sweep.to_dict(), sort_keys=True)
         grid = [cell_id(c) for c in sweep.cells]
@@ -282,6 +347,8 @@ class SweepStore:
             con.executescript(SCHEMA)
         with self._write(create=True) as con:
             row = con.execute("SELECT value FROM meta WHERE key = 'sweep'").fetchone()
+            if row is not None and row[0] == definition:
+                return {"added": 0, "dropped": 0}
             if row is None:
                 con.execute("INSERT INTO meta VALUES ('sweep', ?)", (definition,))
                 con.execute("INSERT INTO meta VALUES ('created', ?)", (str(time.time()),))
@@ -291,9 +358,7 @@ class SweepStore:
                     [(cid, i, json.dumps(c), time.time()) for i, (cid, c) in enumerate(zip(grid, sweep.cells))],
                 )
                 return {"added": len(grid), "dropped": 0}
-            if row[0] == definition:
-                return {"added": 0, "dropped": 0}
-            why = incompatible(json.loads(row[0]), sweep)
+            why = incompatible(self._definition(row[0]), sweep)
             if why:
                 raise SweepError(
                     f"{self.dir} holds a different sweep ({why}); give a new output directory, or restore the "
@@ -322,14 +387,30 @@ class SweepStore:
         cells that an extension left out of the grid stay in the store but not in the grid."""
         with self._connect() as con:
             row = con.execute("SELECT value FROM meta WHERE key = 'grid'").fetchone()
-        return set(json.loads(row[0])) if row else None
+        if row is None:
+            return None
+        grid = self._json(row[0], "its grid")
+        if not isinstance(grid, list) or not all(isinstance(c, str) for c in grid):
+            raise self.damaged("its grid is not a list of cell ids")
+        return set(grid)
 
     def definition(self) -> dict:
         with self._connect() as con:
             row = con.execute("SELECT value FROM meta WHERE key = 'sweep'").fetchone()
         if row is None:
             raise SweepError(f"{self.dir} is not a sweep directory (no {DB_NAME})")
-        return json.loads(row[0])
+        return self._definition(row[0])
+
+    def _definition(self, text) -> dict:
+        """The stored sweep definition, checked to be one (its spec valid, its base a mapping)."""
+        d = self._json(text, "its sweep definition")
+        try:
+            if not isinstance(d, dict) or not isinstance(d.get("base"), dict):
+                raise ValueError("no base config")
+            SweepSpec.model_validate(d["spec"])
+        except (KeyError, TypeError, ValueError, RecursionError) as e:
+            raise self.damaged(f"its sweep definition is not one ({type(e).__name__}: {str(e)[:80]})") from None
+        return d
 
     # --- claims --------------------------------------------------------------------------------------
 
@@ -352,7 +433,7 @@ class SweepStore:
                 "UPDATE cells SET status = 'running', owner = ?, heartbeat = ?, claims = claims + 1, updated = ? "
                 "WHERE id = ?", (owner, now, now, row[0]))
             con.execute("INSERT INTO events (cell, event, owner, time) VALUES (?, ?, ?, ?)", (row[0], event, owner, now))
-        return {"id": row[0], "params": json.loads(row[1])}
+        return {"id": row[0], "params": self._row(row[0], row[1])}
 
     def _silent_for(self, cell: str, beat: tuple, now: float) -> float:
         """How long, on this observer's clock, the claim's heartbeat has not changed (0 when it just did).
@@ -409,15 +490,28 @@ class SweepStore:
         with self._connect() as con:
             rows = con.execute(
                 "SELECT id, idx, params, status, owner, heartbeat, claims, result, error FROM cells ORDER BY idx").fetchall()
-        return [
-            {"id": r[0], "idx": r[1], "params": json.loads(r[2]), "status": r[3], "owner": r[4], "heartbeat": r[5],
-             "claims": r[6], "result": json.loads(r[7]) if r[7] else None, "error": r[8]}
+        cells = [
+            {"id": r[0], "idx": r[1], "params": self._row(r[0], r[2]), "status": r[3], "owner": r[4],
+             "heartbeat": r[5], "claims": r[6], "result": self._json(r[7], f"cell {r[0]}'s result") if r[7] else None,
+             "error": r[8]}
             for r in rows
         ]
+        grid = self.grid()
+        for c in cells:
+            if c["status"] not in STATUSES or not isinstance(c["result"], (dict, type(None))):
+                raise self.damaged(f"cell {c['id']} has status {str(c['status'])[:40]!r} and result "
+                                   f"{str(c['result'])[:80]}")
+            # an extension drops the waiting cells that left the grid: one still waiting outside it was put there
+            if grid is not None and c["status"] in (Status.PENDING, Status.FAILED) and c["id"] not in grid:
+                raise self.damaged(f"cell {c['id']} ({str(c['params'])[:160]}) waits to run but is not in its grid")
+        return cells
 
     def counts(self) -> dict[str, int]:
         with self._connect() as con:
             rows = con.execute("SELECT status, COUNT(*) FROM cells GROUP BY status").fetchall()
+        unknown = [s for s, _ in rows if s not in STATUSES]
+        if unknown:
+            raise self.damaged(f"a cell has no status {str(unknown[0])[:40]!r}")
         return {s: 0 for s in STATUSES} | dict(rows)
 
     def events(self) -> list[dict]:
@@ -426,4 +520,11 @@ class SweepStore:
         return [{"seq": r[0], "cell": r[1], "event": r[2], "owner": r[3], "time": r[4]} for r in rows]
 
     def cell_dir(self, cell: str) -> Path:
-        return self.dir / "cells" / cell
+        """The run directory of ``cell``: only ever named by a cell id (12 hex digits), never a path."""
+        if not isinstance(cell, str) or not CELL_ID.fullmatch(cell):
+            raise self.damaged(f"a cell id {str(cell)[:40]!r} is not a cell id (12 hex digits)")
+        path = self.dir / "cells" / cell
+        for link in (path.parent, path):  # a run directory, or all of them, pointing out of the sweep
+            if link.is_symlink():
+                raise UnsafeFile(link)
+        return path

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -25,7 +26,7 @@ import torch
 
 from moga.filelock import exclusive_lock
 from moga.status import DONE, Status
-from moga.sweep.spec import Sweep, SweepError, SweepSpec
+from moga.sweep.spec import Sweep, SweepError, SweepSpec, canonical
 from moga.sweep.store import SweepStore, new_owner
 from moga.train import run
 
@@ -117,6 +118,7 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
     torch.set_num_threads(sweep.spec.threads)
     owner = owner or new_owner()
     settled = 0
+    allowed = {canonical(c) for c in sweep.cells}  # what the sweep's config makes: nothing else runs
     with _StopRequest() as stop:
         while True:
             if stop.requested or orphaned(parent_pid):
@@ -129,6 +131,11 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 time.sleep(IDLE_POLL_SECONDS)  # others are running; their cells may still come back
                 continue
             cid, params = claim["id"], claim["params"]
+            if canonical(params) not in allowed:  # a row the config does not make (the store is data, not config)
+                refused = store.damaged(f"cell {cid} is not a cell of this sweep's config; it was refused")
+                store.finish(cid, owner, Status.FAILED, error=str(refused))
+                settled += 1
+                continue
             beat = Heartbeat(store, cid, owner, parent_pid)
             beat.start()
             try:
@@ -167,7 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--parent", type=int, default=None)
     args = parser.parse_args(argv)
-    run_worker(args.sweep_dir, threads=args.threads, parent_pid=args.parent)
+    try:
+        run_worker(args.sweep_dir, threads=args.threads, parent_pid=args.parent)
+    except SweepError as e:  # a damaged or read-only store: one line, as `moga sweep` prints it
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

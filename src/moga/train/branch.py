@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from moga.files import write_bytes
+
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import config_diff
 
@@ -29,7 +31,7 @@ def branch_state(cfg, run_dir: Path, metrics_name: str) -> dict:
                               + "; ".join(differ))
     metrics = path.parent / metrics_name
     if metrics.is_file():
-        (run_dir / metrics_name).write_bytes(metrics.read_bytes()[:state["metrics_bytes"]])
+        write_bytes(run_dir / metrics_name, metrics.read_bytes()[:state["metrics_bytes"]])
     return state
 
 

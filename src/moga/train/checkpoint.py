@@ -25,6 +25,13 @@ FORMAT = "moga.train.checkpoint"
 VERSION = 1
 REQUIRED = ("format", "version", "config", "config_hash", "step", "model", "optimizer")
 CHECKSUM = "sha256"
+DATA_FINGERPRINT = "data_fingerprint"  # {"bytes": n, "sha256": hex} of what the run trains on (Task.fingerprint)
+# Set to 1 to resume on purpose where moga refuses by default (moga train --allow-data-change / --allow-unchecked).
+ALLOW_DATA_CHANGE, ALLOW_UNCHECKED = "MOGA_ALLOW_DATA_CHANGE", "MOGA_ALLOW_UNCHECKED"
+
+
+def allowed(variable: str) -> bool:
+    return os.environ.get(variable, "") not in ("", "0")
 
 
 class CheckpointError(RuntimeError):
@@ -35,6 +42,24 @@ def restart_hint(path: Path) -> str:
     remove = f"rm -r {path}" if path.is_dir() else f"rm {path}"
     return (f"Delete it to start the run over ({remove}), or put back an earlier copy of it if you kept one; "
             "then run the same command again.")
+
+
+def refuse_directory(path: Path) -> None:
+    """A directory where the checkpoint file belongs (left by hand, or by another tool) is not a full disk."""
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a checkpoint file: move it away (mv {path} "
+                              f"{path}.aside) and run the same command again")
+
+
+def check_data(state: dict, now: dict, path: Path) -> None:
+    """Refuse to resume on other data than the checkpoint trained on (checkpoints before fingerprints pass)."""
+    was = state.get(DATA_FINGERPRINT)
+    if was is None or was == now or allowed(ALLOW_DATA_CHANGE):
+        return
+    raise CheckpointError(f"{path} was trained on other data ({was['bytes']} bytes, SHA-256 {was['sha256'][:12]}; "
+                          f"now {now['bytes']} bytes, {now['sha256'][:12]}): put the data back, use a new run "
+                          f"directory, or set {ALLOW_DATA_CHANGE}=1 (moga train --allow-data-change) to continue on "
+                          "the new data on purpose")
 
 
 def _digest(obj, h) -> None:
@@ -66,6 +91,7 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
     """Write atomically; on failure (a full disk) the previous checkpoint is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_directory(path)
     payload = {"format": FORMAT, "version": VERSION, **state}
     payload[CHECKSUM] = checksum(payload)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -75,11 +101,12 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from its zip writer
         Path(tmp).unlink(missing_ok=True)
         kept = "the previous checkpoint is intact" if path.is_file() else "there is no earlier checkpoint"
-        raise CheckpointError(f"could not write the checkpoint {path} ({e.strerror or e}); {kept}. "
-                              "Free some space and run the same command again to continue.") from e
+        why = getattr(e, "strerror", None) or (str(e).strip().splitlines() or ["no message"])[-1][:200]
+        raise CheckpointError(f"could not write the checkpoint {path} ({why}); {kept}. "
+                              "Free some space and run the same command again to continue.") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -104,7 +131,9 @@ def load_checkpoint(path: str | Path, config: dict | None = None, config_hash: s
     if state.get("version") != VERSION:
         raise CheckpointError(f"{path} has checkpoint format version {state.get('version')}; "
                               f"this moga reads version {VERSION}")
-    if CHECKSUM in state and state[CHECKSUM] != checksum(state):  # checkpoints before the checksum have none
+    if CHECKSUM not in state and not allowed(ALLOW_UNCHECKED):
+        raise CheckpointError(unchecked(path, "SHA-256 of its contents"))
+    if CHECKSUM in state and state[CHECKSUM] != checksum(state):
         raise CheckpointError(f"{path} is corrupted: its contents do not match the SHA-256 stored with them "
                               f"(a changed bit on disk or in transfer). {restart_hint(path)}")
     missing = [k for k in REQUIRED if k not in state]
@@ -118,6 +147,12 @@ def load_checkpoint(path: str | Path, config: dict | None = None, config_hash: s
             f"{config_hash}); differing keys (checkpoint -> now):{detail}\n"
             "Use a new run directory, or resume with the checkpoint's config.")
     return state
+
+
+def unchecked(path: Path, what: str) -> str:
+    return (f"{path} has no {what} (written before moga checked checkpoints), so damage cannot be told from "
+            f"data: delete it to start the run over, or, if you trust it, set {ALLOW_UNCHECKED}=1 "
+            "(moga train --allow-unchecked) to resume it unchecked")
 
 
 # --- RNG state, in types that torch.load(weights_only=True) accepts ----------------------------------

@@ -16,6 +16,7 @@ import typer
 
 from moga.filelock import DirectoryBusy
 from moga.train import CheckpointError, ConfigError, load_config, lr_range_test, run
+from moga.train.checkpoint import ALLOW_DATA_CHANGE, ALLOW_UNCHECKED
 from moga.train.config import RunConfig, dump_yaml
 
 _SECTIONS = ("model", "data", "optim", "schedule", "train", "eval", "checkpoint", "logging")
@@ -94,10 +95,17 @@ def train(
     no_import: bool = typer.Option(False, "--no-import", help="Refuse every model.name='package.module:factory', "
                                    "moga's own modules too: a config from an untrusted source cannot import or run "
                                    "code (also: environment variable MOGA_NO_IMPORT=1)."),
+    allow_data_change: bool = typer.Option(False, "--allow-data-change", help="Resume a checkpoint on data other "
+                                           "than it trained on, on purpose (also: MOGA_ALLOW_DATA_CHANGE=1)."),
+    allow_unchecked: bool = typer.Option(False, "--allow-unchecked", help="Resume a checkpoint that has no "
+                                         "digests (from an older moga), trusting it (also: MOGA_ALLOW_UNCHECKED=1)."),
 ) -> None:
     """Train a model; its run directory gets config.yaml, metrics.jsonl, checkpoint.pt and result.json."""
     if no_import:
         refuse_imports()
+    for flag, variable in ((allow_data_change, ALLOW_DATA_CHANGE), (allow_unchecked, ALLOW_UNCHECKED)):
+        if flag:
+            os.environ[variable] = "1"
     if keys:
         typer.echo(config_reference())
         raise typer.Exit()

@@ -507,6 +507,7 @@ def config_diff(a: RunConfig | Mapping, b: RunConfig | Mapping, *, hashed_only: 
 # expands to 10^9 values) in milliseconds instead of minutes and gigabytes later.
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_DEPTH = 64  # a config nests a few levels; deeper would overflow the stack of whatever reads it next
 
 
 class _Loader(yaml.SafeLoader):
@@ -536,21 +537,30 @@ _Loader.add_implicit_resolver(
 
 def _check_expanded_size(data: Any, where: str) -> None:
     """Aliases share one object however often they are used; count the values as if each use were a copy."""
-    budget, stack = MAX_CONFIG_VALUES, [data]
+    budget, stack = MAX_CONFIG_VALUES, [(data, 0)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         budget -= 1
         if budget < 0:
             raise ConfigError(f"{where}: more than {MAX_CONFIG_VALUES} values once YAML aliases are expanded "
                               "(an alias bomb?); a config is a few hundred values at most")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(_too_deep(where))
         if isinstance(node, dict):
-            stack.extend(node.values())
+            stack.extend((v, depth + 1) for v in node.values())
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _too_deep(where: str) -> str:
+    return f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep; a config nests a few"
 
 
 def _load_yaml(text: str, where: str) -> Any:
-    data = yaml.load(text, Loader=_Loader)
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except RecursionError:  # the parser recurses once per level
+        raise ConfigError(_too_deep(where)) from None
     _check_expanded_size(data, where)
     return data
 
@@ -593,6 +603,9 @@ def read_config_file(path: str | Path) -> dict:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML: {e}") from None
+        except RecursionError:
+            raise ConfigError(_too_deep(str(path))) from None
+        _check_expanded_size(data, str(path))
     else:
         try:
             data = _load_yaml(text, str(path))

@@ -20,7 +20,6 @@ import contextlib
 import importlib.util
 import json
 import math
-import os
 import random
 import signal
 import sys
@@ -37,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 import moga
 from moga.data import derive_seed
 from moga.filelock import DirectoryBusy, writer_lock
+from moga.files import read_only, write_json, write_text
 from moga.optim import GeometryOptimizer
 from moga.optim.multipliers import base_lr
 from moga.status import Status
@@ -44,7 +44,10 @@ from moga.status import Status
 from . import distributed, parallel, sharded_checkpoint as sharded
 from .branch import branch_state, check_branch_schedule
 from .build import build_model, build_optimizer
-from .checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import (
+    DATA_FINGERPRINT, CheckpointError, check_data, load_checkpoint, refuse_directory, rng_state, save_checkpoint,
+    set_rng_state
+)
 from .config import RunConfig, as_config, dump_yaml, hash_diff, json_float
 from .diagnostics import StepInstruments
 from .metrics import MetricsLog, TensorBoardSink, WandbSink, progress_line
@@ -81,14 +84,17 @@ def run(config: RunConfig | dict | str | Path, run_dir: str | Path, *, stop_at: 
 
 def read_result(run_dir: str | Path) -> dict | None:
     path = Path(run_dir) / RESULT
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """``data`` as indented JSON at ``path``, all or nothing: a kill mid-write leaves the previous file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    if not path.is_file():
+        return None
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(result, dict):
+            raise ValueError(f"a {type(result).__name__}, not a mapping")
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path} is damaged ({str(e)[:120]}): delete it (rm {path}) and run the same "
+                              "command again; the run resumes from its checkpoint (or trains again) and writes it "
+                              "anew") from None
+    return result
 
 
 class _StopFlag:
@@ -148,6 +154,8 @@ class Trainer:
     def _load_state(self) -> dict | None:
         """The checkpoint's state (for fsdp, all but the shards), checked against this config."""
         cfg, one_file, dcp_dir = self.cfg, self.run_dir / CHECKPOINT, self.run_dir / sharded.DIRECTORY
+        if not self.fsdp:
+            refuse_directory(one_file)  # found now, not after training until the first save
         if (sharded.find_sharded(dcp_dir) or dcp_dir.is_dir()) and (self.fsdp or not one_file.is_file()):
             return sharded.load_engine_state(dcp_dir, cfg.to_dict(), self.hash)  # another parallel: refused
         if one_file.is_file():
@@ -165,6 +173,9 @@ class Trainer:
         self.task = build_task(cfg, main=d.main, barrier=lambda: distributed.barrier(d))
         if not self.task.has_split(cfg.eval.split):
             raise ValueError(f"eval.split={cfg.eval.split!r}, but the {cfg.data.name} data has no such split")
+        self.data_fingerprint = self.task.fingerprint()
+        if state is not None:
+            check_data(state, self.data_fingerprint, self.checkpoint_path)
         # The same initial weights on every process (DDP also broadcasts rank 0's).
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -214,13 +225,15 @@ class Trainer:
     def _open_logs(self, resumed: dict | None) -> None:
         cfg, d = self.cfg, self.dist
         self.log = MetricsLog(self.run_dir / METRICS, enabled=d.main,
-                              truncate_to=resumed["metrics_bytes"] if resumed else 0)
+                              truncate_to=resumed["metrics_bytes"] if resumed else 0, step=self.step)
         if not d.main:
             return
-        (self.run_dir / CONFIG).write_text(dump_yaml(cfg))
+        if self.log.gap:
+            print(f"warning: {self.log.gap}", file=sys.stderr, flush=True)
+        write_text(self.run_dir / CONFIG, dump_yaml(cfg))
         plan = getattr(self.optimizer, "plan", None)
         if plan is not None:
-            (self.run_dir / PLAN).write_text(str(plan) + "\n")
+            write_text(self.run_dir / PLAN, str(plan) + "\n")
         if cfg.logging.tensorboard:
             self.log.sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
         if cfg.logging.wandb:
@@ -234,6 +247,7 @@ class Trainer:
     # --- checkpoints -----------------------------------------------------------------------------
 
     def _save(self, path: Path | None = None) -> None:
+        self.log.sync()  # the checkpoint records the metrics' length: they reach the disk first
         rngs = distributed.gather_objects(self.dist, rng_state())  # every process takes part
         engine = {
             "config": self.cfg.to_dict(), "config_hash": self.hash, "step": self.step,
@@ -243,7 +257,7 @@ class Trainer:
             "since_log": list(self.since_log), "since_eval": list(self.since_eval),
             "last_eval": self.last_eval, "elapsed": self.elapsed, "metrics_bytes": self.log.offset,
             "world_size": self.dist.world, "instruments": self.instruments.state_dict(),
-            "initial_loss": self.initial_loss,
+            "initial_loss": self.initial_loss, DATA_FINGERPRINT: self.data_fingerprint,
         }
         if self.fsdp:
             sharded.save_sharded(self.checkpoint_path, self.model, self.optimizer, engine, main=self.dist.main,
@@ -293,6 +307,10 @@ class Trainer:
             raise ValueError(f"the run directory {self.run_dir} is an existing file; give another directory "
                              "(moga train --run-dir DIR)")
         created = not self.run_dir.exists()
+        if not created and read_only(self.run_dir):  # a finished run on a read-only mount is read, not locked
+            stored = self._stored_result()
+            if stored is not None:
+                return stored
         if self.dist.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         with self._writer_lock(wait):
@@ -497,7 +515,8 @@ class Trainer:
         return {"status": status, "name": self.cfg.name, "config_hash": self.hash, "steps": self.step,
                 "total_steps": self.total, "epochs": self._epoch(), "seed": self.cfg.seed,
                 "world_size": self.dist.world, "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
-                "final_window_steps": len(self.window), "moga_version": moga.__version__,
+                "final_window_steps": len(self.window), DATA_FINGERPRINT: self.data_fingerprint,
+                "moga_version": moga.__version__,
                 "torch_version": torch.__version__}
 
     def _finish(self) -> dict:
@@ -524,6 +543,6 @@ class Trainer:
 
     def _write_result(self, result: dict) -> dict:
         if self.dist.main:
-            write_json_atomic(self.run_dir / RESULT, result)
+            write_json(self.run_dir / RESULT, result)
         distributed.barrier(self.dist)
         return result

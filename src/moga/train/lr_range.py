@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moga.files import save_figure, write_json
 from moga.optim.multipliers import base_lr
 
 from .build import build_model, build_optimizer
@@ -126,7 +127,7 @@ def lr_range_test(config: RunConfig | dict | str | Path, out_dir: str | Path, *,
                   "suggestion": suggest_lr(lrs, curve)}
     result["suggested_lr"] = result["suggestion"]["steepest"]
     result["optimizer"] = cfg.optim.name
-    (out / "lr_range.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out / "lr_range.json", result)
     if plot:
         result["plot"] = str(plot_lr_range(result, out / "lr_range.png"))
     return result
@@ -161,6 +162,6 @@ def plot_lr_range(result: dict, path: str | Path) -> Path:
     ax.set_title(f"lr range test ({result['optimizer']}, {result['mode']})")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return Path(path)

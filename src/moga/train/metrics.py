@@ -6,7 +6,8 @@ before clipping when ``train.grad_clip`` is set, and optimizer diagnostics such 
 step's ``eta`` and ``w_norm``, or the depth-paper step rule's ``grad_dual_norm`` and ``smoothness_L``),
 ``eval`` (train/val loss and accuracy), ``diagnostics`` (per-layer norms, every
 ``logging.diagnostics_every`` steps: see :mod:`moga.train.diagnostics`) and ``diverged``.
-On resume the file is cut back to where the checkpoint was taken, so no record appears twice.
+On resume the file is cut back to where the checkpoint was taken, so no record appears twice; a file
+shorter than that (records lost in a power cut) gets a ``gap`` record, never padding.
 """
 
 from __future__ import annotations
@@ -16,22 +17,47 @@ import math
 import os
 from pathlib import Path
 
+from moga.files import fsync_file, open_append
+
 # Deferred on purpose, imported where used: tensorboard and wandb (optional), only when logging to them.
 
 
 class MetricsLog:
-    """Append-only JSONL; ``offset`` is the byte length to restore on resume."""
+    """Append-only JSONL; ``offset`` is the byte length to restore on resume.
 
-    def __init__(self, path: str | Path, enabled: bool = True, truncate_to: int | None = 0):
+    ``truncate_to``: the length the checkpoint recorded. A longer file is cut back to it (the records written
+    after the checkpoint are made again). A shorter one lost records the checkpoint had seen (its last writes
+    never reached the disk): it is never padded; it is cut to its last whole line, a ``gap`` record says how
+    many bytes were lost at which step, and ``gap`` holds that line for the caller to print.
+    """
+
+    def __init__(self, path: str | Path, enabled: bool = True, truncate_to: int | None = 0, step: int = 0):
         self.path, self.enabled = Path(path), enabled
         self.sinks: list = []
+        self.gap: str | None = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if truncate_to is not None:
-            with open(self.path, "a+b") as f:
-                f.truncate(truncate_to)
-        self.file = open(self.path, "a", encoding="utf-8")
+        self.file = open_append(self.path)  # created when missing; a symlink there is refused
+        size = os.fstat(self.file.fileno()).st_size
+        if truncate_to is not None and size >= truncate_to:
+            self._cut(truncate_to)
+        elif truncate_to is not None:
+            with open(self.path, "rb") as f:
+                whole = f.read().rfind(b"\n") + 1
+            self._cut(whole)
+            self.gap = (f"{self.path} is shorter than its checkpoint recorded ({size} of {truncate_to} bytes: its "
+                        f"last records never reached the disk); resuming after a gap record")
+            self.write({"type": "gap", "step": step, "lost_bytes": truncate_to - whole})
+
+    def _cut(self, size: int) -> None:
+        os.ftruncate(self.file.fileno(), size)
+        self.file.seek(0, os.SEEK_END)  # appends go to the end anyway; ``offset`` must say where that is
+
+    def sync(self) -> None:
+        """Flush the records to the disk: called before each checkpoint, which records ``offset``."""
+        if self.enabled:
+            fsync_file(self.file)
 
     @property
     def offset(self) -> int:

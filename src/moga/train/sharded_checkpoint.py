@@ -31,7 +31,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from .checkpoint import CheckpointError, load_checkpoint, restart_hint, save_checkpoint
+from .checkpoint import (
+    ALLOW_UNCHECKED, CheckpointError, allowed, load_checkpoint, restart_hint, save_checkpoint, unchecked
+)
 from .dcp_reader import SafeEmptyLoadPlanner, SafeLoadPlanner, SafeReader, first_failure, read_metadata
 
 DIRECTORY, ENGINE = "checkpoint.dcp", "engine.pt"
@@ -135,8 +137,10 @@ def load_engine_state(path: str | Path, config: dict | None = None, config_hash:
     state = load_checkpoint(found / ENGINE, config, config_hash)
     if state.get("model") != IN_DCP:
         raise CheckpointError(f"{found / ENGINE} is not the engine state of a sharded checkpoint")
-    if FILES in state:  # checkpoints written before the file digests have none
+    if FILES in state:
         verify_files(found, state[FILES])
+    elif not allowed(ALLOW_UNCHECKED):  # from before the file digests: every shard would go unchecked
+        raise CheckpointError(unchecked(found / ENGINE, "SHA-256 digests of its shard files"))
     state["directory"] = str(found)
     return state
 

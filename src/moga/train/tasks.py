@@ -77,6 +77,25 @@ class Task:
             return getattr(self.data, split, None) is not None
         return split in self.data
 
+    def fingerprint(self) -> dict:
+        """What the run trains and evaluates on, cheaply identified: the bytes and SHA-256 of the prepared token
+        files (text) or of every split's arrays (images, synthetic). A checkpoint records it, so that resuming
+        on other data (a text file edited between stop and resume, another copy of a data set) is noticed."""
+        h, size = hashlib.sha256(), 0
+        if self.kind == "text":
+            arrays = [self.data.tokens(split) for split in ("train", "val")]
+        elif self.kind == "image":
+            splits = [getattr(self.data, name, None) for name in ("train", "val", "test")]
+            arrays = [a for s in splits if s is not None for a in (s.x, s.y)]
+        else:
+            arrays = [a for split in sorted(self.data) for a in self.data[split]]
+        for a in arrays:
+            a = a.detach().cpu().contiguous().numpy() if torch.is_tensor(a) else a
+            h.update(f"{a.dtype}{tuple(a.shape)};".encode())
+            h.update(memoryview(a).cast("B") if a.flags.c_contiguous else a.tobytes())
+            size += a.nbytes
+        return {"bytes": size, "sha256": h.hexdigest()}
+
     # --- loss ---------------------------------------------------------------------------------
 
     def loss(self, model, x: torch.Tensor, y: torch.Tensor,

@@ -16,6 +16,7 @@ from moga.experiments.reproduce.run import reproduce
 from moga.experiments.reproduce.table import load_outcomes, results_table, update_readme
 from moga.filelock import writer_lock
 from moga.sweep.spec import SweepError
+from moga.sweep.store import set_aside_all
 
 LOCK = ".reproduce.lock"  # one reproduction per output directory at a time; holds the writer's PID
 
@@ -48,6 +49,8 @@ def reproduce_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress line"),
     wait: bool = typer.Option(False, "--wait", help="if another process is running this output directory, wait "
                               "for it to end (without --wait: refuse, naming its PID)"),
+    rebuild: bool = typer.Option(False, "--rebuild", help="set a damaged sweep.db aside and rebuild the store from "
+                                 "the config and the cells' run directories (finished cells are not run again)"),
 ) -> None:
     """Every claim of the three papers as one command: a sweep on the resumable store, the papers' figures, a
     verdict per panel with seed intervals and the claim's outcome (held, failed, inconclusive, undecided).
@@ -56,10 +59,14 @@ def reproduce_command(
         _list(scale if not quick else "quick")
         return
     if table:
-        if readme is not None:
-            typer.echo(update_readme(readme, runs, readme.parent / "docs" / "reproduce"))
-        else:
-            typer.echo(results_table(load_outcomes(runs)))
+        try:
+            if readme is not None:
+                typer.echo(update_readme(readme, runs, readme.parent / "docs" / "reproduce"))
+            else:
+                typer.echo(results_table(load_outcomes(runs)))
+        except (ReproduceError, OSError) as e:  # a damaged outcome.json, a README that cannot be written
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
         return
     if name is None:
         raise typer.BadParameter("name a reproduction (moga reproduce --list shows them), or all")
@@ -78,6 +85,8 @@ def reproduce_command(
         try:
             with writer_lock(Path(target) / LOCK, wait=wait, on_wait=lambda pid: typer.echo(
                     f"waiting for {target}: in use by PID {pid or '?'}", err=True)):
+                for aside in set_aside_all(target) if rebuild else ():
+                    typer.echo(f"set the old store aside as {aside}; rebuilding it")
                 result = reproduce(get(n), target, scale, workers=workers, executor=executor,
                                    ray_address=ray_address, data=data if len(names) == 1 else None,
                                    max_regret=max_regret, progress=not quiet,

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from moga.train.engine import write_json_atomic
+from moga.files import write_json
 
 FILE = "seconds.json"
 
@@ -43,7 +43,7 @@ class ClaimClock:
     def save(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.path, {"seconds": self.elapsed()})
+            write_json(self.path, {"seconds": self.elapsed()})
         except OSError:  # a full disk costs the count one tick, never the run
             pass
 

@@ -28,6 +28,7 @@ import random
 import sys
 from pathlib import Path
 
+from moga.files import write_json, write_text
 from moga.sweep.results import records
 from moga.sweep.spec import optimizer_labels
 from moga.sweep.store import SweepStore, changed_keys
@@ -171,9 +172,9 @@ def judge(rep, sweep, out: Path, max_regret: float) -> dict:
         c.update({f"{k}_arm": labels.get(c[k], c[k]) for k in ("subject", "baseline") if k in c})
     report = Path(out) / "report"
     report.mkdir(parents=True, exist_ok=True)
-    (report / "quality.json").write_text(json.dumps(_finite(cells), indent=1) + "\n")
+    write_json(report / "quality.json", _finite(cells))
     lines = [describe(c, q.get("panel_keys", ())) for c in cells]
-    (report / "quality.md").write_text(f"# {rep.name}: {rep.claim}\n\n" + table(cells, q.get("panel_keys", ())) + "\n")
+    write_text(report / "quality.md", f"# {rep.name}: {rep.claim}\n\n" + table(cells, q.get("panel_keys", ())) + "\n")
     judged = [c for c in cells if "relative" in c]
     worst = max(judged, key=lambda c: c["relative"], default=None)
     key = "" if worst is None else (f"worst: {_arm(worst, 'subject')} {_pct(worst['relative'])} "
@@ -333,7 +334,7 @@ def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | list[Path]
             baseline += settled
     entries = ablation(rows, spec["axes"], scale_key=spec["scale_key"], lr_key=spec["lr_key"], baseline=baseline)
     name = "ablation.json" if baseline is None else "ablation-baseline.json"
-    (run_dirs[0] / name).write_text(json.dumps(_finite(entries), indent=1) + "\n")
+    write_json(run_dirs[0] / name, _finite(entries))
     return ablation_table(entries)
 
 
@@ -388,7 +389,7 @@ def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
         raise SystemExit(f"{run_dir}: a transfer report needs one optimizer, the sweep has {names}")
     cells = compare(rows, subject=names[0], baselines=names, scale_key=spec["scale_key"], lr_key=spec["lr_key"],
                     goal=goal)
-    (Path(run_dir) / "transfer.json").write_text(json.dumps(_finite(cells), indent=1) + "\n")
+    write_json(Path(run_dir) / "transfer.json", _finite(cells))
     return f"{spec['lr_key']} tuned at width {cells[0]['tuned_at']}, against each width's own best\n" + table(cells)
 
 
@@ -415,7 +416,7 @@ def versus_report(subject_dir: Path, claim_dir: Path, goal: float = GOAL) -> str
     panel_keys = tuple(k for k in axes if k not in (scale_key, spec["spec"]["lr_key"], "seed", "optim.name", budget_key))
     cells = compare(mine + theirs, subject=names[0], baselines=sorted({r["optim.name"] for r in theirs}),
                     scale_key=scale_key, budget_key=budget_key, panel_keys=panel_keys, goal=goal)
-    (Path(subject_dir) / "versus.json").write_text(json.dumps(_finite(cells), indent=1) + "\n")
+    write_json(Path(subject_dir) / "versus.json", _finite(cells))
     return table(cells, panel_keys)
 
 

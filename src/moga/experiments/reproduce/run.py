@@ -30,6 +30,7 @@ from moga.experiments.reproduce.clock import ClaimClock
 from moga.experiments.reproduce.race import contender_arms, judge_race, race_seeds
 from moga.experiments.smoothness.checks import judge_checks
 from moga.experiments.smoothness.convergence import convergence_experiment
+from moga.files import refuse_symlinks, write_json
 from moga.sweep.executor import run_sweep
 from moga.sweep.report import analyze, write_report
 from moga.sweep.report.joint import analyze_joint, plot_regret_map
@@ -40,7 +41,6 @@ from moga.sweep.results import records
 from moga.sweep.seeds import run_until_decided, stored_include
 from moga.sweep.spec import Sweep
 from moga.sweep.store import SweepStore
-from moga.train.engine import write_json_atomic
 
 OUTCOMES = ("held", "failed", "inconclusive", "undecided")
 CONVERGENCE_THREADS = 1  # its runs are in this process: pinned like a sweep cell's (moga.sweep.spec)
@@ -51,6 +51,7 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
               progress: bool = True, command: str | None = None, min_seeds: int = 3, max_seeds: int = 6) -> dict:
     """Run (or resume) ``rep`` at ``scale`` in ``out``, write its report and outcome.json; return the outcome."""
     out = Path(out)
+    refuse_symlinks(out / "report")  # a link planted there would take the report out of the directory
     with ClaimClock(out) as clock:  # a resumed or extended run adds to the time already spent, kills included
         outcome = _run_and_judge(rep, out, scale, workers, executor, ray_address, data, max_regret, progress,
                                  min_seeds, max_seeds)
@@ -58,7 +59,7 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
                        command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
                                                                           " --scale paper" if scale == "paper" else ""),
                        seconds=clock.elapsed(), max_regret=max_regret)
-        write_json_atomic(out / "outcome.json", json_safe(outcome))  # a kill mid-write keeps the last outcome
+        write_json(out / "outcome.json", json_safe(outcome))  # a kill mid-write keeps the last outcome
     return outcome
 
 
@@ -79,7 +80,7 @@ def _run_and_judge(rep: Reproduction, out: Path, scale: str, workers: int, execu
                 (lambda sw: (_records(rep, sw, out)[0], keys[0]))
             sweep, counts = run_until_decided(make, out, run, rows_of, group, max_regret, min_seeds, max_seeds)
         else:
-            include = stored_include(out)
+            include = stored_include(out, make)
             sweep = make(include)
             counts = run(sweep)  # failed cells (a missing data set, say) run again: a re-run completes it
             while rep.kind == "race" and max_seeds > 1 and (extra := _race_seeds(rep, sweep, out, min_seeds)):
@@ -257,7 +258,7 @@ def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     figures = [str(plot_regret_map(j, out / "report" / "figures" / f"regret_map_{i}.png", max_regret))
                for i, j in enumerate(joint)]
     fields = joint_fields(rep.expect, joint, [_tuning_saved(sweep, j) for j in joint])
-    (out / "report" / "joint.json").write_text(json.dumps(fields["panels"], indent=1) + "\n")
+    write_json(out / "report" / "joint.json", fields["panels"])
     return {**fields, "figures": figures, "report": str(out / "report" / "report.md"), "analysis": analysis,
             "cells": cells}
 
@@ -312,7 +313,7 @@ def _panel_params(panel: dict) -> dict:
 def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     result = judge_race(rep, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])  # one model for all
     (out / "report").mkdir(parents=True, exist_ok=True)
-    (out / "report" / "race.json").write_text(json.dumps(json_safe(result["race"]), indent=1) + "\n")
+    write_json(out / "report" / "race.json", json_safe(result["race"]))
     return {**result, "report": str(out / "report" / "race.json")}
 
 

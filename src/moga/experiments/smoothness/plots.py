@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from moga.files import save_figure
+
 # Deferred on purpose, imported where used: matplotlib (about 0.5 s to import), only when a figure is drawn.
 
 
@@ -55,7 +57,7 @@ def plot_scaling(rows: list[dict], xkey: str, path: Path, xlabel: str, series: s
             ax.legend(fontsize=7, handlelength=3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -86,7 +88,7 @@ def plot_curves(panels: list[dict], path: Path, ncols: int = 2) -> Path:
                       handlelength=3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from moga.files import write_json, write_text
+
 FLAT_TOLERANCE = 0.15
 
 
@@ -65,8 +67,8 @@ def table(header: list[str], rows: list[list]) -> list[str]:
 def write_outputs(out: Path, result: dict, summary: list[str]) -> dict:
     """``results.json`` (every number; NaN and inf as JSON's NaN/Infinity) and ``summary.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "summary.md").write_text("\n".join(summary) + "\n")
+    write_json(out / "results.json", result)
+    write_text(out / "summary.md", "\n".join(summary) + "\n")
     result["files"] = {"results": str(out / "results.json"), "summary": str(out / "summary.md"),
                        **result.get("files", {})}
     return result

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import typer
 
+from moga.files import read_only, refuse_symlinks
 from moga.sweep.report.metrics import select_scale
 from moga.sweep.report.outputs import analyze_metrics, write_outputs
 from moga.sweep.report.render import print_verdicts
 from moga.sweep.report.schema import load_records, parse_records
 from moga.sweep.results import records
+from moga.sweep.spec import SweepError
 from moga.sweep.store import SweepStore
 
 
@@ -29,6 +31,9 @@ def report_command(
     svg: bool = typer.Option(False, "--svg", help="write SVG figures instead of PDF"),
 ) -> None:
     """Figures (loss vs lr, one curve per scale), optima, drift, regret and a verdict per panel."""
+    if out is None and sweep.is_dir() and read_only(sweep):
+        typer.echo(f"error: {sweep} is read-only: give the report another place (--out DIR)", err=True)
+        raise typer.Exit(1)
     try:
         if sweep.is_dir() and (sweep / "sweep.db").is_file():
             rows, scale_key = _from_store(sweep, scale_key)
@@ -38,10 +43,19 @@ def report_command(
         records = select_scale(records, scale_key)
         summaries = analyze_metrics(records, group_keys=tuple(by), max_drift_steps=max_drift_steps,
                                     max_regret=max_regret)
-        out = out or (sweep if sweep.is_dir() else sweep.parent) / "report"
+        if out is None:  # inside the sweep: a link planted there would take the report elsewhere
+            out = (sweep if sweep.is_dir() else sweep.parent) / "report"
+            refuse_symlinks(out)
         paths = write_outputs(summaries, records, out, title, tuple(by), ("png", "svg" if svg else "pdf"))
+    except SweepError as e:  # a damaged store (moga.sweep.store.StoreDamaged): one line
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from None
+    except OSError as e:  # a read-only sweep directory: the store was read, the report cannot go there
+        typer.echo(f"error: could not write {e.filename or out}: {e.strerror or e}; give --out DIR elsewhere "
+                   "(the sweep itself is only read)", err=True)
+        raise typer.Exit(1) from None
     print_verdicts(summaries)
     typer.echo(f"report: {paths['report.html']}")
 

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
+from moga.files import save_figure  # noqa: E402
 from moga.sweep.report.summary import PanelSummary  # noqa: E402
 from moga.sweep.report.schema import scale_label  # noqa: E402
 
@@ -48,7 +49,7 @@ def plot_panels(summaries: Sequence[PanelSummary], path_stem: str | Path,
     paths = []
     for fmt in formats:
         path = path_stem.with_name(f"{path_stem.name}.{fmt}")
-        fig.savefig(path, dpi=dpi)
+        save_figure(fig, path, dpi=dpi)
         paths.append(path)
     plt.close(fig)
     return paths

@@ -28,6 +28,7 @@ matplotlib.use("Agg")  # files only: never needs a display
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from moga.files import save_figure  # noqa: E402
 from moga.sweep.report.curves import build_curve, make_grid
 from moga.sweep.report.decision import Decision, decide_transfer
 from moga.sweep.report.metrics import GROUP_KEYS, transfer_regrets
@@ -166,6 +167,6 @@ def plot_regret_map(summary: JointSummary, path: str | Path, max_regret: float =
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    save_figure(fig, path, dpi=130)
     plt.close(fig)
     return path

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from moga.files import refuse_symlinks, replacing, write_text
 from moga.sweep.report.document import DEFINITIONS, build_document
 from moga.sweep.report.figures import plot_panels
 from moga.sweep.report.metrics import GROUP_KEYS, analyze, select_scale
@@ -55,6 +56,7 @@ def write_outputs(summaries: Mapping[str, Sequence[PanelSummary]], records: Sequ
                   formats: Sequence[str] = ("png", "pdf")) -> dict[str, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    refuse_symlinks(out_dir / "figures")  # the files themselves are replaced, never written through (moga.files)
     scale_key = records[0].scale_key
     title = title or f"Learning-rate transfer across {scale_key.rsplit('.', 1)[-1]}"
     formats = ["png", *(f for f in formats if f != "png")]  # the HTML embeds the PNG
@@ -73,7 +75,7 @@ def write_outputs(summaries: Mapping[str, Sequence[PanelSummary]], records: Sequ
                                    allow_nan=False) + "\n",
     }
     for name, text in files.items():
-        (out_dir / name).write_text(text, encoding="utf-8")
+        write_text(out_dir / name, text)
         written[name] = out_dir / name
     written["cells.csv"] = write_cells_csv(records, out_dir / "cells.csv", group_keys)
     return written
@@ -100,7 +102,7 @@ def write_cells_csv(records: Sequence[SweepRecord], path: Path, group_keys: Sequ
              "status", "counted_as", "train_loss", "val_loss", "val_acc"]
     extras = sorted({k for r in records for k in (r.model_extra or {})} - set(fixed))
     rows = sorted(records, key=lambda r: (*(str(r.get(k)) for k in group_keys), r.scale, r.lr, r.seed))
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with replacing(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(fixed + extras)
         for r in rows:
