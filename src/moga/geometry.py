@@ -390,7 +390,7 @@ class Spectral(Geometry):
 @dataclass(frozen=True)
 class RowSpectral(Spectral):
     """Rows normalized, then orthogonalized (MuonEq's R form, arXiv 2603.28254): ``-s(m,n) polar(N(G))`` with
-    ``N(G)_r = G_r / ||G_r||_2`` (a zero row stays zero), docs/math.md §2.7.
+    ``N(G)_r = G_r / ||G_r||_2`` (a zero row stays zero), docs/math.md §2.9.
 
     The last operation is the polar factor, so the step has unit norm in the spectral geometry (norm and dual
     norm are Spectral's) and one lr serves every width for the same reason as Muon's. It is not that norm's LMO
@@ -408,7 +408,7 @@ NORMUON_EPS = 1e-10  # NorMuon's, added to the square root of the rows' second m
 
 @dataclass(frozen=True)
 class SpectralRow(Spectral):
-    """Orthogonalized, then rows normalized (NorMuon's order, arXiv 2510.05491), docs/math.md §2.7:
+    """Orthogonalized, then rows normalized (NorMuon's order, arXiv 2510.05491), docs/math.md §2.9:
     ``O = polar(G)``, each row divided by its RMS (``beta2 = 0``) or by the square root of an EMA of its mean
     square (``beta2 > 0``: NorMuon's second moment), then rescaled to ``s(m,n) ||O||_F``, NorMuon's norm
     preservation. With ``beta2 = 0`` every row gets the same norm ``s(m,n) ||O||_F / sqrt(m)``, and the update's
@@ -454,9 +454,10 @@ class SpectralRow(Spectral):
         if moment is None:
             rows = polar.norm(dim=-1, keepdim=True)  # beta2 = 0: each row's RMS, up to the factor sqrt(n)
         else:
-            mean_square = polar.float().square().mean(dim=-1)
-            moment.lerp_(mean_square.to(moment.dtype), 1 - self.beta2 if weight is None else weight)
-            rows = moment.float().sqrt().unsqueeze(-1).to(polar.dtype)
+            weight = 1 - self.beta2 if weight is None else weight
+            moment.lerp_(polar.square().mean(dim=-1).to(moment.dtype),
+                         weight.to(moment.dtype) if isinstance(weight, torch.Tensor) else weight)
+            rows = moment.to(polar.dtype).sqrt().unsqueeze(-1)
         equal = polar / (rows + NORMUON_EPS)
         frob = lambda t: torch.linalg.matrix_norm(t, keepdim=True)  # noqa: E731
         return equal.mul_(frob(polar) / (frob(equal) + NORMUON_EPS) * -self._factor(lay, g))

@@ -226,6 +226,9 @@ class GeometryOptimizer(Optimizer):
         if not nonfinite.lr_finite(work, self.nonfinite):
             self._skipped_host += 1
             return loss
+        split = sharded.replicated_world(self.distributed)
+        for _, plan, _, _ in work:  # refused before anything changes
+            sharded.check_stateful_split(plan.geometry, split)
         self._init_group(self.param_groups[work[0][0]])  # every group's state, in one call (see there)
         if grad_scale is not None:
             precision.unscale_([local(p.grad) for *_, params in work for p in params], grad_scale)
@@ -259,8 +262,7 @@ class GeometryOptimizer(Optimizer):
                 plan.geometry, [plan.layout(p) for p in params], params, [local(t) for t in targets],
                 precision.compute_grads(params, ok), None if bufs is None else [local(b) for b in bufs],
                 lr=group["lr"], momentum=momentum, nesterov=group["nesterov"], weight_decay=group["weight_decay"],
-                ok=ok, workspace=self._workspace, split_replicated=sharded.replicated_world(self.distributed),
-                moments=moments)
+                ok=ok, workspace=self._workspace, split_replicated=split, moments=moments)
         sharded.step_whole(whole)
         for params, targets in rounding:
             precision.round_into(params, targets)

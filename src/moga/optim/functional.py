@@ -32,7 +32,7 @@ from moga.layout import Layout, as_layout
 from moga.numerics import direction, phi
 from moga.optim.nonfinite import ema_, finite, gate
 from moga.optim.precision import in_compute_dtype, write_back
-from moga.optim.sharded import DTensor, ShardingError, WholeJob, needs_whole, reducer
+from moga.optim.sharded import DTensor, WholeJob, check_stateful_split, needs_whole, reducer
 from moga.workspace import Workspace, scratch
 
 __all__ = ["adam_step_", "adam_steps_", "direction", "lmo_step_", "lmo_steps_", "phi"]
@@ -40,12 +40,14 @@ __all__ = ["adam_step_", "adam_steps_", "direction", "lmo_step_", "lmo_steps_", 
 
 def lmo_step_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor | None, *, geometry: Geometry,
               layout: Layout | str | None, lr: float, momentum: float, nesterov: bool,
-              weight_decay: float) -> None:
-    """One steepest-descent step of ``w`` in ``geometry``; ``m`` is its momentum buffer (None: no momentum)."""
+              weight_decay: float, moment: torch.Tensor | None = None) -> None:
+    """One steepest-descent step of ``w`` in ``geometry``; ``m`` is its momentum buffer (None: no momentum),
+    ``moment`` a stateful geometry's state (NorMuon's row second moment), updated in place."""
     if m is not None:
         m.lerp_(g, 1 - momentum)
     w.mul_(1 - lr * weight_decay)
-    geometry.apply_lmo_(w, direction(g, m, momentum, nesterov), lr, layout)
+    state = {} if moment is None else {"moment": moment}
+    geometry.apply_lmo_(w, direction(g, m, momentum, nesterov), lr, layout, **state)
 
 
 def adam_step_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, *, scale: float,
@@ -71,6 +73,7 @@ def lmo_steps_(geometry: Geometry, layouts: list, params: list[torch.Tensor], ta
     ``moments``: a stateful geometry's state per parameter (NorMuon's row second moment), left as it was on a
     skipped step. Returns the steps that need whole matrices from other ranks (spectral on shards, or on replicas
     when ``split_replicated``), for :func:`moga.optim.sharded.step_whole`."""
+    check_stateful_split(geometry, split_replicated)  # before anything changes
     alpha = gate(ok, lr, 0.0)  # 0 on a skipped step: every geometry maps a finite direction to a no-op
     directions = grads
     if bufs is not None:
@@ -80,9 +83,6 @@ def lmo_steps_(geometry: Geometry, layouts: list, params: list[torch.Tensor], ta
     if weight_decay:
         torch._foreach_mul_(targets, gate(ok, 1 - lr * weight_decay, 1.0))
     if moments is not None:
-        if split_replicated:
-            raise ShardingError(f"{geometry} keeps per-row state that one rank's share of the step cannot update on "
-                                "every rank: pass distributed=False (each rank steps every matrix), or use beta2=0")
         _stateful_steps_(geometry, layouts, targets, grads, directions if bufs is not None else None, moments,
                          momentum, nesterov, alpha, ok)
         return []

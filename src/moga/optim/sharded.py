@@ -79,6 +79,14 @@ def check_placements(name: str, p: torch.Tensor, geometry, layout: Layout | None
             f"{p.placements}")
 
 
+def check_stateful_split(geometry, split_replicated: bool) -> None:
+    """Replicated ranks that split whole-matrix steps (DDP) would each keep a stale copy of a stateful geometry's
+    state (NorMuon's row second moment): refused."""
+    if split_replicated and geometry.stateful:
+        raise ShardingError(f"{geometry} keeps per-row state that one rank's share of the step cannot update on "
+                            "every rank: pass distributed=False (each rank steps every matrix), or use beta2=0")
+
+
 def check_grad(name, p: torch.Tensor) -> None:
     """A DTensor parameter's gradient must be sharded like it: the step pairs their local shards.
     ``name()`` gives the parameter's name for the error."""
