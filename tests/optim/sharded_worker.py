@@ -40,8 +40,7 @@ FSDP_CASES = {
     "sign": lambda m: MOGA(m, lr=0.02, geometries=matrices("sign"), vectors="sign"),
     "embedding-q3": lambda m: MOGA(m, lr=0.02, embedding_q=3.0),
     "muon": lambda m: Muon(m, lr=0.02, preset="moga"),  # spectral on every matrix: the most to shard
-    # the row-family hybrids gather whole matrices as Muon does (docs/math.md §2.9)
-    "row-spectral": lambda m: MOGA(m, lr=0.02, geometries={"hidden": "row_spectral"}),
+    # a row-family hybrid gathers whole matrices as Muon does (docs/math.md §2.9)
     "spectral-row": lambda m: MOGA(m, lr=0.02, geometries={"hidden": "spectral_row"}),
     "scaled-adamw": lambda m: ScaledAdamW(m, lr=0.01),
 }
