@@ -242,8 +242,9 @@ def bench_optimizers(
 # The record each one is judged against beside fused AdamW: the kernel's targets, for the nocheck
 # records the same step with the non-finite check (their ratio is the check's cost), for the Nesterov
 # record the plain one (their ratio is Nesterov's cost), and for the plain path (kernel="torch") the fused kernel.
-PEERS = {"moga-muon": "torch-muon", "moga-row-spectral-nesterov": "torch-muon", "moga-spectral-row-nesterov": "torch-muon",
-         "moga-spectral-row-beta2-nesterov": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
+PEERS = {"moga-muon": "torch-muon", "moga-row-spectral-nesterov": "torch-muon",
+         "moga-spectral-row-nesterov": "torch-muon", "moga-spectral-row-beta2-nesterov": "torch-muon",
+         "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
          "moga-row-p2-nocheck": "moga-row-p2", "moga-row-p2-flag": "moga-row-p2-nocheck",
          "moga-row-p2-nesterov-flag": "moga-row-p2-flag", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign",
          "moga-row-p2-torch": "moga-row-p2"}
