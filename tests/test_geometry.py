@@ -7,7 +7,9 @@ import threading
 import pytest
 import torch
 
-from moga.geometry import INF, Col, Embedding, Row, Sign, Spectral, Vector, dual_exponent, parse_geometry
+from moga.geometry import (
+    INF, Col, Embedding, Row, RowSpectral, Sign, Spectral, SpectralRow, Vector, dual_exponent, parse_geometry
+)
 from moga.layout import Layout
 
 
@@ -408,3 +410,99 @@ def test_kernel_plan_is_the_lmo_along_its_view(geom, shape, layout):
     phi = torch.sign(view) if p == 1 else view.sign() * view.abs() ** (p - 1) / torch.linalg.vector_norm(
         view, ord=p, dim=1, keepdim=True) ** (p - 1)
     torch.testing.assert_close((-factor * phi).reshape(shape), geom.lmo(g, lay))
+
+
+# --- the row-family hybrids of normalization and orthogonalization (docs/math.md §2.9) ---------------------------
+
+HYBRID_SHAPES = [(3, 8), (8, 3), (6, 6)]
+
+
+def exact_polar(mat):
+    """U V^T from torch's SVD, written out here as the reference (full rank: the tests' matrices are)."""
+    u, _, vh = torch.linalg.svd(mat, full_matrices=False)
+    return u @ vh
+
+
+def uneven_rows(m, n, seed):
+    """A Gaussian matrix whose rows differ in size by six orders of magnitude, as a momentum's rows can."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(m, n, generator=gen) * torch.logspace(-3, 3, m).unsqueeze(1)
+
+
+@pytest.mark.parametrize("m,n", HYBRID_SHAPES)
+def test_row_spectral_is_the_spectral_lmo_of_the_row_normalized_direction(m, n):
+    g = uneven_rows(m, n, m * n)
+    d = RowSpectral(method="svd").lmo(g)
+    rows = g / g.norm(dim=1, keepdim=True)
+    torch.testing.assert_close(d, -math.sqrt(m / n) * exact_polar(rows), rtol=0, atol=1e-12)
+    spectral = Spectral(method="svd")
+    assert spectral.norm(d).item() == pytest.approx(1.0, abs=1e-12)  # unit norm in Muon's geometry
+    assert (g * d).sum().item() >= -spectral.dual_norm(g).item() * (1 + 1e-12)  # no better than Muon's own LMO
+    assert (d - spectral.lmo(g)).abs().max().item() > 1e-2  # and not Muon's step: the small rows count now
+
+
+@pytest.mark.parametrize("m,n", HYBRID_SHAPES)
+def test_spectral_row_gives_every_row_the_same_norm_and_keeps_muons_frobenius_norm(m, n):
+    g = uneven_rows(m, n, m + n)
+    d = SpectralRow(method="svd").lmo(g)
+    polar = exact_polar(g)
+    equal = polar / (polar.norm(dim=1, keepdim=True) + 1e-10)  # NorMuon's eps, which matters for tiny rows
+    torch.testing.assert_close(d, -math.sqrt(m / n) * polar.norm() * equal / (equal.norm() + 1e-10), rtol=0,
+                               atol=1e-12)
+    slack = 1e-10 / polar.norm(dim=1).min().item() + 1e-12  # the eps's share of the smallest row
+    torch.testing.assert_close(d.norm(dim=1), torch.full((m,), d.norm(dim=1).max().item()), rtol=slack, atol=0)
+    # the update's Frobenius norm, so its RMS, is Muon's at every shape: sqrt(m/n) sqrt(min(m, n))
+    assert d.norm().item() == pytest.approx(math.sqrt(m / n) * math.sqrt(min(m, n)), rel=slack)
+    if m <= n:  # a wide polar factor's rows are orthonormal: nothing to equalize, Muon's step exactly
+        torch.testing.assert_close(d, Spectral(method="svd").lmo(g), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("geom", [RowSpectral(method="svd"), SpectralRow(method="svd"),
+                                  SpectralRow(beta2=0.9, method="svd")], ids=ids)
+@pytest.mark.parametrize("shape,layout", CASES)
+def test_hybrids_step_each_logical_matrix_as_a_plain_matrix(geom, shape, layout):
+    """Orientation and batch axes: an embedding stored (vocab, d), a conv kernel and a stack of matrices step as
+    the matrices they hold; apply_lmo_ is lmo."""
+    gen = torch.Generator().manual_seed(1)
+    g = torch.randn(shape, generator=gen)
+    lay = Layout(layout)
+    mats = lay.to_matrix(g)
+    expected = lay.from_matrix(torch.stack([geom.lmo(mat) for mat in mats]), shape)
+    torch.testing.assert_close(geom.lmo(g, layout), expected, rtol=0, atol=1e-12)
+    w = torch.randn(shape, generator=gen)
+    stepped = w.clone()
+    geom.apply_lmo_(stepped, g, 0.25, layout)
+    torch.testing.assert_close(stepped, w + 0.25 * expected, rtol=0, atol=1e-12)
+
+
+def test_normuon_second_moment_is_neuron_wise_adam_on_the_polar_factor():
+    """spectral_row(beta2) against NorMuon's update written out plainly (arXiv 2510.05491; its reference code
+    divides each row of the orthogonalized update by the root of an EMA of the row's mean square, then restores
+    the Frobenius norm the update had): three steps carry the moment, which apply_lmo_ updates in place."""
+    geom = SpectralRow(beta2=0.9, method="svd")
+    m, n = 5, 7
+    gen = torch.Generator().manual_seed(3)
+    moment = torch.zeros(1, m)
+    v = torch.zeros(m)
+    w = torch.zeros(m, n)
+    expected = torch.zeros(m, n)
+    for _ in range(3):
+        g = uneven_rows(m, n, int(torch.randint(0, 1000, (1,), generator=gen)))
+        geom.apply_lmo_(w, g, 0.5, moment=moment)
+        o = exact_polar(g)
+        v = 0.9 * v + 0.1 * o.square().mean(dim=1)
+        scaled = o / (v.sqrt().unsqueeze(1) + 1e-10)
+        expected -= 0.5 * math.sqrt(m / n) * o.norm() * scaled / scaled.norm()
+        torch.testing.assert_close(moment[0], v, rtol=1e-12, atol=0)
+        torch.testing.assert_close(w, expected, rtol=0, atol=1e-9)
+    assert not torch.allclose(w, -1.5 * SpectralRow(method="svd").lmo(g))  # the moment's history mattered
+
+
+def test_hybrid_specs_round_trip_and_only_normuons_moment_is_state():
+    for spec in ("row_spectral", "spectral_row", "spectral_row(beta2=0.95)", "row_spectral(method=svd)"):
+        assert str(parse_geometry(spec)) == spec
+    assert parse_geometry("spectral_row(beta2=0.95)").state_shape((4, 3, 6), "boi") == (4, 3)
+    assert parse_geometry("spectral_row").state_shape((4, 6), "oi") is None
+    assert not parse_geometry("row_spectral").stateful
+    with pytest.raises(ValueError, match="beta2"):
+        parse_geometry("spectral_row(beta2=1)")

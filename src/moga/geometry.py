@@ -38,7 +38,8 @@ from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS, NS_EPS
 from moga.workspace import Workspace, scratch
 
 __all__ = [
-    "INF", "Col", "Embedding", "Geometry", "KernelPlan", "Row", "Sign", "Spectral", "Vector", "dual_exponent",
+    "INF", "Col", "Embedding", "Geometry", "KernelPlan", "Row", "RowSpectral", "Sign", "Spectral", "SpectralRow",
+    "Vector", "dual_exponent",
     "parse_geometry", "phi",
 ]
 
@@ -104,6 +105,7 @@ class Geometry(metaclass=_ZeroSizeSafe):
     name = "geometry"
     matrix = True  # needs a layout with fan_out and fan_in axes
     batched = True  # same-shape whole-matrix steps may share one batched call (see Spectral)
+    stateful = False  # keeps per-parameter state besides momentum (see state_shape)
 
     def reduced_dims(self, layout: str | Layout | None = None) -> tuple[int, ...]:
         """The tensor dims the step reduces over: sharding one of them needs ``reduce``."""
@@ -127,6 +129,11 @@ class Geometry(metaclass=_ZeroSizeSafe):
 
     def sign_scale(self, shape, layout: str | Layout | None = None) -> float | None:
         """c when the LMO is ``-c * sign(G)``, else None. Rescaled AdamW swaps sign(G) for Adam's direction."""
+        return None
+
+    def state_shape(self, shape, layout: str | Layout | None = None) -> tuple[int, ...] | None:
+        """The shape of the per-parameter state the step keeps besides momentum (the optimizer makes it and
+        passes it to ``apply_lmo_`` as ``moment``); None for the stateless geometries, all but NorMuon's."""
         return None
 
     def kernel_plan(self, shape, layout: Layout) -> KernelPlan | None:
@@ -380,6 +387,82 @@ class Spectral(Geometry):
         return self.factor(lay.fan_out(g.shape), lay.fan_in(g.shape))
 
 
+@dataclass(frozen=True)
+class RowSpectral(Spectral):
+    """Rows normalized, then orthogonalized (MuonEq's R form, arXiv 2603.28254): ``-s(m,n) polar(N(G))`` with
+    ``N(G)_r = G_r / ||G_r||_2`` (a zero row stays zero), docs/math.md §2.9.
+
+    The last operation is the polar factor, so the step has unit norm in the spectral geometry (norm and dual
+    norm are Spectral's) and one lr serves every width for the same reason as Muon's. It is not that norm's LMO
+    for ``G`` itself: the equilibration changes the direction, so ``<G, D> >= -dual_norm(G)``."""
+
+    name = "row_spectral"
+
+    def _polar(self, lay: Layout, g: torch.Tensor, reduce) -> torch.Tensor:
+        mat = _whole_matrices(lay, g, reduce)
+        return orthogonalize(phi(mat, 2.0, (-1,)), self.method, self.steps, self.coefficients, self.dtype, self.eps)
+
+
+NORMUON_EPS = 1e-10  # NorMuon's, added to the square root of the rows' second moment
+
+
+@dataclass(frozen=True)
+class SpectralRow(Spectral):
+    """Orthogonalized, then rows normalized (NorMuon's order, arXiv 2510.05491), docs/math.md §2.9:
+    ``O = polar(G)``, each row divided by its RMS (``beta2 = 0``) or by the square root of an EMA of its mean
+    square (``beta2 > 0``: NorMuon's second moment), then rescaled to ``s(m,n) ||O||_F``, NorMuon's norm
+    preservation. With ``beta2 = 0`` every row gets the same norm ``s(m,n) ||O||_F / sqrt(m)``, and the update's
+    Frobenius norm, so its RMS, is Muon's at every shape.
+
+    The second moment is optimizer state (``moment``, one number per row, shape :meth:`state_shape`), updated
+    in place by :meth:`apply_lmo_` with weight ``moment_weight`` (``1 - beta2``; 0 on a skipped step). ``lmo``
+    and ``apply_lmo_`` without it take a first step from a zero moment, which is the ``beta2 = 0`` step (the
+    rescaling cancels the EMA's factor)."""
+
+    beta2: float = 0.0
+    name = "spectral_row"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= float(self.beta2) < 1:
+            raise ValueError(f"spectral_row beta2 must be in [0, 1), got {self.beta2}")
+        object.__setattr__(self, "beta2", float(self.beta2))
+
+    @property
+    def stateful(self) -> bool:
+        return self.beta2 > 0
+
+    def state_shape(self, shape, layout: str | Layout | None = None) -> tuple[int, ...] | None:
+        """One second moment per row of each logical matrix, (batch, m); None without a second moment."""
+        if not self.stateful:
+            return None
+        lay = _as_layout(layout)
+        return math.prod(shape[d] for d in lay.batch_dims), lay.fan_out(shape)
+
+    def lmo(self, g, layout=None, reduce=None, shape=None):
+        lay = self._layout(g, layout)
+        return lay.from_matrix(self._step(lay, g, reduce, None, None).to(g.dtype), g.shape)
+
+    def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None, shape=None, moment=None,
+                   moment_weight=None):
+        lay = self._layout(g, layout)
+        add_scaled_(param, lay.from_matrix(self._step(lay, g, reduce, moment, moment_weight), g.shape), alpha)
+
+    def _step(self, lay: Layout, g: torch.Tensor, reduce, moment, weight) -> torch.Tensor:
+        """The step ``D`` as (batch, m, n), in the polar factor's dtype; updates ``moment`` in place."""
+        polar = self._polar(lay, g, reduce)
+        if moment is None:
+            rows = polar.norm(dim=-1, keepdim=True)  # beta2 = 0: each row's RMS, up to the factor sqrt(n)
+        else:
+            weight = 1 - self.beta2 if weight is None else weight
+            moment.lerp_(polar.square().mean(dim=-1).to(moment.dtype),
+                         weight.to(moment.dtype) if isinstance(weight, torch.Tensor) else weight)
+            rows = moment.to(polar.dtype).sqrt().unsqueeze(-1)
+        equal = polar / (rows + NORMUON_EPS)
+        frob = lambda t: torch.linalg.matrix_norm(t, keepdim=True)  # noqa: E731
+        return equal.mul_(frob(polar) / (frob(equal) + NORMUON_EPS) * -self._factor(lay, g))
+
+
 def _whole_matrices(lay: Layout, t: torch.Tensor, reduce) -> torch.Tensor:
     if reduce is not None:
         raise ValueError("the spectral geometry needs whole matrices: gather the shards before its step")
@@ -399,7 +482,7 @@ def _dims(shape, layout) -> tuple[int, int]:
 
 
 GEOMETRIES: dict[str, type[Geometry]] = {
-    cls.name: cls for cls in (Row, Col, Sign, Spectral, Embedding, Vector)
+    cls.name: cls for cls in (Row, Col, Sign, Spectral, RowSpectral, SpectralRow, Embedding, Vector)
 }
 
 

@@ -38,5 +38,7 @@ class ReferenceStep:
                                           betas=group["betas"], eps=group["eps"], **hyper)
                 else:
                     m = st.setdefault("G", torch.zeros_like(p)) if group["momentum"] > 0 else None
+                    if geometry.stateful:
+                        hyper["moment"] = st.setdefault("V", p.new_zeros(geometry.state_shape(p.shape, layout)))
                     functional.lmo_step_(p, p.grad, m, geometry=geometry, layout=layout, momentum=group["momentum"],
                                          nesterov=group["nesterov"], **hyper)

@@ -40,6 +40,8 @@ FSDP_CASES = {
     "sign": lambda m: MOGA(m, lr=0.02, geometries=matrices("sign"), vectors="sign"),
     "embedding-q3": lambda m: MOGA(m, lr=0.02, embedding_q=3.0),
     "muon": lambda m: Muon(m, lr=0.02, preset="moga"),  # spectral on every matrix: the most to shard
+    # a row-family hybrid gathers whole matrices as Muon does (docs/math.md §2.9)
+    "spectral-row": lambda m: MOGA(m, lr=0.02, geometries={"hidden": "spectral_row"}),
     "scaled-adamw": lambda m: ScaledAdamW(m, lr=0.01),
 }
 
@@ -324,6 +326,7 @@ def run(rank: int, world: int, init_file: str, out: str) -> None:
 
     results["error/partial"] = error_case(bad("row(p=2)", [Partial()]))
     results["error/strided"] = error_case(bad("row(p=2)", [_StridedShard(0, split_factor=2)]))
+    results["error/stateful"] = error_case(bad("spectral_row(beta2=0.95)", [Shard(0)]))
 
     def grad_sharded_otherwise():
         p = nn.Parameter(distribute_tensor(torch.zeros(4, 6), mesh, [Shard(0)]))

@@ -25,6 +25,12 @@ FACTORIES = {
     "moga-sign": lambda m, **kw: MOGA(m, lr=0.05, geometries={"hidden": "sign", "conv": "sign"},
                                       overrides=TINY_OVERRIDES, **kw),
     "muon": lambda m, **kw: Muon(m, lr=0.05, weight_decay=0.01, overrides=TINY_OVERRIDES, **kw),
+    # the row-family hybrids (docs/math.md §2.9); NorMuon's second moment is state that must resume and skip too
+    "moga-row-spectral": lambda m, **kw: MOGA(m, lr=0.05, geometries={"hidden": "row_spectral"},
+                                              overrides=TINY_OVERRIDES, **kw),
+    "moga-spectral-row-beta2": lambda m, **kw: MOGA(m, lr=0.05, weight_decay=0.01,
+                                                    geometries={"hidden": "spectral_row(beta2=0.95)"},
+                                                    overrides=TINY_OVERRIDES, **kw),
     "adamw-scaled": lambda m, **kw: ScaledAdamW(m, lr=0.05, weight_decay=0.01, overrides=TINY_OVERRIDES, **kw),
 }
 

@@ -115,3 +115,15 @@ def test_the_compiled_kernels_step_equals_functional(spec, dtype):
         torch.testing.assert_close(kw, w, rtol=0, atol=tol)
         if momentum:
             torch.testing.assert_close(km, fm, rtol=0, atol=tol)
+
+
+def test_normuon_moment_on_split_replicated_steps_is_refused():
+    """Under DDP one rank orthogonalizes each matrix and shares the result: the other ranks' copies of NorMuon's
+    per-row second moment would go stale, so the step refuses rather than silently dropping the moment."""
+    geometry = parse_geometry("spectral_row(beta2=0.95)")
+    w, g, m = torch.ones(3, 4), torch.ones(3, 4), torch.zeros(3, 4)
+    layout = resolve_layout(None, w)
+    with pytest.raises(ValueError, match="distributed=False"):
+        functional.lmo_steps_(geometry, [layout], [w], [w], [g], [m], lr=0.1, momentum=0.9, nesterov=False,
+                              weight_decay=0.5, ok=None, split_replicated=True, moments=[torch.zeros(1, 3)])
+    assert torch.equal(w, torch.ones(3, 4)) and not m.any()  # nothing decayed, no momentum taken

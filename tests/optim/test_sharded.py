@@ -204,3 +204,5 @@ def test_bad_placement_names_parameter_and_placement(results):
         assert "blocks.0.mlp.c_fc.weight" in r["error/partial"] and "Partial" in r["error/partial"]
         assert "blocks.0.mlp.c_fc.weight" in r["error/strided"] and "_StridedShard" in r["error/strided"]
         assert "lm_head.weight" in r["error/grad"] and "Shard(dim=1)" in r["error/grad"]
+        # NorMuon's per-row second moment cannot follow a matrix to the rank that orthogonalizes it: refused
+        assert "blocks.0.mlp.c_fc.weight" in r["error/stateful"] and "beta2=0" in r["error/stateful"]

@@ -424,3 +424,19 @@ def test_role_geometries_reach_the_plan_and_bad_specs_are_config_errors():
     with pytest.raises(ConfigError, match="optim.geometries.head"):
         build_config(tiny(optim={"geometries": {"head": "sign"}}))
     assert build_config(tiny(optim={"geometries": None})).hash() == build_config(tiny()).hash()
+
+
+def test_overrides_may_give_a_parameter_glob_its_own_geometry():
+    """The orthogonalized step on attention only (docs/math.md §2.9): a per-name geometry, which roles cannot say."""
+    from moga.models import GPT
+    from moga.train.build import build_optimizer
+
+    attention = {"*.attn.*.weight": {"geometry": "spectral"}}
+    cfg = build_config(tiny(model={"name": "gpt", "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 11,
+                                   "block_size": 4}, optim={"name": "moga", "overrides": attention}))
+    opt = build_optimizer(cfg, GPT(n_layer=1, n_embd=8, n_head=2, vocab_size=11, block_size=4))
+    geometries = {e.name: e.geometry for e in opt.plan}
+    assert geometries["blocks.0.attn.c_attn.weight"] == geometries["blocks.0.attn.c_proj.weight"] == "spectral"
+    assert geometries["blocks.0.mlp.c_fc.weight"] == "row(p=2)"
+    with pytest.raises(ConfigError, match="overrides"):
+        build_config(tiny(optim={"name": "moga", "overrides": {"*.attn.*.weight": {"geometri": "spectral"}}}))

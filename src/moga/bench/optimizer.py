@@ -104,6 +104,13 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "moga-sign": lambda ps: MOGA(ps, lr=1e-3, geometry="sign", nesterov=False),
     "moga-sign-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="sign", nonfinite="ignore", nesterov=False),
     "moga-muon": lambda ps: Muon(ps, lr=1e-3, weight_decay=0.0),  # as torch-muon above
+    # the row-family hybrids (docs/math.md §2.9), with Muon's momentum: whole-matrix steps like Muon's
+    "moga-row-spectral-nesterov": lambda ps: MOGA(ps, lr=1e-3, geometry="row_spectral", momentum=0.95,
+                                                  nesterov=True),
+    "moga-spectral-row-nesterov": lambda ps: MOGA(ps, lr=1e-3, geometry="spectral_row", momentum=0.95,
+                                                  nesterov=True),
+    "moga-spectral-row-beta2-nesterov": lambda ps: MOGA(ps, lr=1e-3, geometry="spectral_row(beta2=0.95)",
+                                                        momentum=0.95, nesterov=True),
     "moga-adamw-scaled": lambda ps: ScaledAdamW(ps, lr=1e-3),
 }
 
@@ -235,7 +242,9 @@ def bench_optimizers(
 # The record each one is judged against beside fused AdamW: the kernel's targets, for the nocheck
 # records the same step with the non-finite check (their ratio is the check's cost), for the Nesterov
 # record the plain one (their ratio is Nesterov's cost), and for the plain path (kernel="torch") the fused kernel.
-PEERS = {"moga-muon": "torch-muon", "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
+PEERS = {"moga-muon": "torch-muon", "moga-row-spectral-nesterov": "torch-muon",
+         "moga-spectral-row-nesterov": "torch-muon", "moga-spectral-row-beta2-nesterov": "torch-muon",
+         "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
          "moga-row-p2-nocheck": "moga-row-p2", "moga-row-p2-flag": "moga-row-p2-nocheck",
          "moga-row-p2-nesterov-flag": "moga-row-p2-flag", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign",
          "moga-row-p2-torch": "moga-row-p2"}

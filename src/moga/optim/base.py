@@ -226,6 +226,9 @@ class GeometryOptimizer(Optimizer):
         if not nonfinite.lr_finite(work, self.nonfinite):
             self._skipped_host += 1
             return loss
+        split = sharded.replicated_world(self.distributed)
+        for _, plan, _, _ in work:  # refused before anything changes
+            sharded.check_stateful_split(plan.geometry, split)
         self._init_group(self.param_groups[work[0][0]])  # every group's state, in one call (see there)
         if grad_scale is not None:
             precision.unscale_([local(p.grad) for *_, params in work for p in params], grad_scale)
@@ -254,11 +257,12 @@ class GeometryOptimizer(Optimizer):
             ok = None if gate is None else gate.ok
             targets = precision.master_targets(self.state, params, self.master_weights)
             rounding.append((params, targets))
+            moments = [self.state[p]["row_moment"] for p in params] if plan.stateful else None
             whole += lmo_steps_(
                 plan.geometry, [plan.layout(p) for p in params], params, [local(t) for t in targets],
                 precision.compute_grads(params, ok), None if bufs is None else [local(b) for b in bufs],
                 lr=group["lr"], momentum=momentum, nesterov=group["nesterov"], weight_decay=group["weight_decay"],
-                ok=ok, workspace=self._workspace, split_replicated=sharded.replicated_world(self.distributed))
+                ok=ok, workspace=self._workspace, split_replicated=split, moments=moments)
         sharded.step_whole(whole)
         for params, targets in rounding:
             precision.round_into(params, targets)
@@ -305,7 +309,7 @@ class GeometryOptimizer(Optimizer):
         made inside a graph can alias (inductor returned one buffer for the equal new step counters of
         several parameters), an attribute set there was lost between compiles (the skip counter), and state
         made by a second call was missing from dynamo's view of ``self.state``, so one call makes it all."""
-        for group in self.param_groups:
+        for plan, group in zip(self._plans, self.param_groups):
             params = [p for p in group["params"] if p.grad is not None and p.numel()]
             if self._skipped_device is None and params and group is first:  # where the step's flag will be
                 self._skipped_device = torch.zeros((), dtype=torch.int64, device=local(params[0].grad).device)
@@ -314,6 +318,9 @@ class GeometryOptimizer(Optimizer):
             for p in params:
                 for key in keys:
                     self._buffer(p, key)
+                if plan.stateful and not adam:  # NorMuon's per-row second moment (moga.geometry.SpectralRow)
+                    self.state[p].setdefault("row_moment", torch.zeros(
+                        plan.state_shape(p), dtype=self._state_dtype_for(p), device=p.device))
                 if adam:
                     self.state[p].setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
             precision.master_targets(self.state, params, self.master_weights)  # master copies

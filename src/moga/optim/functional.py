@@ -32,7 +32,7 @@ from moga.layout import Layout, as_layout
 from moga.numerics import direction, phi
 from moga.optim.nonfinite import ema_, finite, gate
 from moga.optim.precision import in_compute_dtype, write_back
-from moga.optim.sharded import DTensor, WholeJob, needs_whole, reducer
+from moga.optim.sharded import DTensor, WholeJob, check_stateful_split, needs_whole, reducer
 from moga.workspace import Workspace, scratch
 
 __all__ = ["adam_step_", "adam_steps_", "direction", "lmo_step_", "lmo_steps_", "phi"]
@@ -40,12 +40,14 @@ __all__ = ["adam_step_", "adam_steps_", "direction", "lmo_step_", "lmo_steps_", 
 
 def lmo_step_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor | None, *, geometry: Geometry,
               layout: Layout | str | None, lr: float, momentum: float, nesterov: bool,
-              weight_decay: float) -> None:
-    """One steepest-descent step of ``w`` in ``geometry``; ``m`` is its momentum buffer (None: no momentum)."""
+              weight_decay: float, moment: torch.Tensor | None = None) -> None:
+    """One steepest-descent step of ``w`` in ``geometry``; ``m`` is its momentum buffer (None: no momentum),
+    ``moment`` a stateful geometry's state (NorMuon's row second moment), updated in place."""
     if m is not None:
         m.lerp_(g, 1 - momentum)
     w.mul_(1 - lr * weight_decay)
-    geometry.apply_lmo_(w, direction(g, m, momentum, nesterov), lr, layout)
+    state = {} if moment is None else {"moment": moment}
+    geometry.apply_lmo_(w, direction(g, m, momentum, nesterov), lr, layout, **state)
 
 
 def adam_step_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, *, scale: float,
@@ -65,11 +67,13 @@ def adam_step_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tenso
 def lmo_steps_(geometry: Geometry, layouts: list, params: list[torch.Tensor], targets: list[torch.Tensor],
                grads: list[torch.Tensor], bufs: list[torch.Tensor] | None, *, lr: float, momentum: float,
                nesterov: bool, weight_decay: float, ok: torch.Tensor | None, workspace: Workspace | None = None,
-               split_replicated: bool = False) -> list[WholeJob]:
+               split_replicated: bool = False, moments: list[torch.Tensor] | None = None) -> list[WholeJob]:
     """:func:`lmo_step_` on ``targets`` (the parameters' local shards or master copies) with the gradients
     ``grads`` in the compute dtype and momentum buffers ``bufs`` (None without momentum), gated on ``ok``.
-    Returns the steps that need whole matrices from other ranks (spectral on shards, or on replicas when
-    ``split_replicated``), for :func:`moga.optim.sharded.step_whole`."""
+    ``moments``: a stateful geometry's state per parameter (NorMuon's row second moment), left as it was on a
+    skipped step. Returns the steps that need whole matrices from other ranks (spectral on shards, or on replicas
+    when ``split_replicated``), for :func:`moga.optim.sharded.step_whole`."""
+    check_stateful_split(geometry, split_replicated)  # before anything changes
     alpha = gate(ok, lr, 0.0)  # 0 on a skipped step: every geometry maps a finite direction to a no-op
     directions = grads
     if bufs is not None:
@@ -78,6 +82,10 @@ def lmo_steps_(geometry: Geometry, layouts: list, params: list[torch.Tensor], ta
         write_back(bufs, directions)
     if weight_decay:
         torch._foreach_mul_(targets, gate(ok, 1 - lr * weight_decay, 1.0))
+    if moments is not None:
+        _stateful_steps_(geometry, layouts, targets, grads, directions if bufs is not None else None, moments,
+                         momentum, nesterov, alpha, ok)
+        return []
     if (len(params) > 1 and needs_whole(geometry, layouts[0]) and geometry.batched
             and not split_replicated
             and not any(isinstance(p, DTensor) for p in params)):
@@ -93,6 +101,14 @@ def lmo_steps_(geometry: Geometry, layouts: list, params: list[torch.Tensor], ta
         else:
             geometry.apply_lmo_(t, d, alpha, layout, workspace, reducer(p, geometry, layout))
     return whole
+
+
+def _stateful_steps_(geometry, layouts, targets, grads, directions, moments, momentum, nesterov, alpha, ok) -> None:
+    """One matrix at a time, each with its state (these groups never take the fused kernel)."""
+    weight = gate(ok, 1 - geometry.beta2, 0.0)  # the state's EMA weight, 0 on a skipped step
+    for k, (t, g, v, layout) in enumerate(zip(targets, grads, moments, layouts)):
+        d = _gated_direction(g, None if directions is None else directions[k], momentum, nesterov, ok)
+        geometry.apply_lmo_(t, d, alpha, layout, moment=v, moment_weight=weight)
 
 
 def _gated_direction(g, m, momentum, nesterov, ok, out=None) -> torch.Tensor:

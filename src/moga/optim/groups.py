@@ -43,6 +43,15 @@ class GroupPlan:
     def sign_scale(self, p: torch.Tensor) -> float | None:
         return self.geometry.sign_scale(p.shape, self.layout(p))
 
+    @property
+    def stateful(self) -> bool:
+        """The geometry keeps per-parameter state besides momentum (NorMuon's row second moment)."""
+        return self.geometry.stateful
+
+    def state_shape(self, p: torch.Tensor) -> tuple[int, ...] | None:
+        layout = self.layout(p)
+        return None if layout is None else self.geometry.state_shape(tuple(p.shape), layout)
+
 
 def plan_group(group: dict) -> GroupPlan:
     """Check a param group and parse its geometry; the group keeps the spec string (for state_dict)."""
@@ -77,7 +86,7 @@ def plan_group(group: dict) -> GroupPlan:
     return GroupPlan(geometry, layouts, shapes)
 
 
-STATE_KEYS = {"lmo": {"momentum_buffer", "master"}, "adam": {"exp_avg", "exp_avg_sq", "step", "master"}}
+STATE_KEYS = {"lmo": {"momentum_buffer", "master", "row_moment"}, "adam": {"exp_avg", "exp_avg_sq", "step", "master"}}
 
 
 def check_state_matches(groups: list[dict], state_dict: Mapping) -> None:
@@ -88,6 +97,7 @@ def check_state_matches(groups: list[dict], state_dict: Mapping) -> None:
     if len(saved_groups) != len(groups):
         raise ValueError(f"the state dict has {len(saved_groups)} param groups, this optimizer {len(groups)}")
     for gi, (saved, group) in enumerate(zip(saved_groups, groups)):
+        geometry = parse_geometry(group["geometry"])
         where = f"param group {gi}" + (f" ({group['role']})" if "role" in group else "")
         if saved.get("geometry") is None:
             raise ValueError(f"{where}: the state dict names no geometry: it is not a moga optimizer's state")
@@ -107,11 +117,19 @@ def check_state_matches(groups: list[dict], state_dict: Mapping) -> None:
                     raise ValueError(f"{where}, {name}: unexpected state {key!r} for update {group['update']!r}")
                 if not torch.is_tensor(value):
                     raise ValueError(f"{where}, {name}: state {key!r} is not a tensor")
-                expected = () if key == "step" else tuple(p.shape)
+                expected = {"step": (), "row_moment": _state_shape(geometry, group, p)}.get(key, tuple(p.shape))
                 if tuple(value.shape) != expected:
                     raise ValueError(f"{where}, {name}: state {key!r} has shape {tuple(value.shape)}, "
                                      f"expected {expected} (parameter shape {tuple(p.shape)})")
                 check_state_values(f"{where}, {name}", key, value)
+
+
+def _state_shape(geometry: Geometry, group: dict, p: torch.Tensor) -> tuple[int, ...] | None:
+    """The shape of a stateful geometry's state for ``p`` (None: this geometry keeps none)."""
+    if not geometry.matrix:
+        return None
+    shape = geometry.state_shape(tuple(p.shape), resolve_layout(group["layout"], local(p)))
+    return None if shape is None else tuple(shape)
 
 
 def check_state_values(where: str, key: str, value: torch.Tensor) -> None:

@@ -68,10 +68,23 @@ def check_placements(name: str, p: torch.Tensor, geometry, layout: Layout | None
                 f"{name}: placement {pl!r} in {p.placements} is not supported; parameters must be Shard(d) or "
                 "Replicate() (a Partial or strided shard is not a parameter layout moga can step on)")
     shards = sharded_dims(p)
+    if geometry.stateful and shards:
+        raise ShardingError(
+            f"{name}: {geometry} keeps a second moment per row, which the sharded whole-matrix step (one rank "
+            f"orthogonalizes each matrix) does not carry; use {geometry.name} with beta2=0 (or spectral) on sharded "
+            f"parameters, got placements {p.placements}")
     if needs_whole(geometry, layout) and (len(shards) > 1 or any(len(m) > 1 for m in shards.values())):
         raise ShardingError(
             f"{name}: {geometry} gathers whole matrices and supports one sharded mesh dim, got placements "
             f"{p.placements}")
+
+
+def check_stateful_split(geometry, split_replicated: bool) -> None:
+    """Replicated ranks that split whole-matrix steps (DDP) would each keep a stale copy of a stateful geometry's
+    state (NorMuon's row second moment): refused."""
+    if split_replicated and geometry.stateful:
+        raise ShardingError(f"{geometry} keeps per-row state that one rank's share of the step cannot update on "
+                            "every rank: pass distributed=False (each rank steps every matrix), or use beta2=0")
 
 
 def check_grad(name, p: torch.Tensor) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Hashable
 
 from rich.table import Table
 from rich.text import Text
@@ -55,8 +56,9 @@ def status_table(store: SweepStore, lr_key: str, metric: str = "final_train_loss
         lrs = sorted({c["params"][lr_key] for c in cells})
         row_keys = [k for k in cells[0]["params"] if k != lr_key] if cells else []
         rows: dict[tuple, dict] = {}
-        for c in cells:
-            key = tuple(c["params"][k] for k in row_keys)
+        for c in cells:  # list and mapping values (optim.betas, optim.overrides) as their JSON text
+            key = tuple(v if isinstance(v := c["params"][k], Hashable) else json.dumps(v, sort_keys=True)
+                        for k in row_keys)
             rows.setdefault(key, {})[c["params"][lr_key]] = c
         if not all(isinstance(lr, (int, float)) and not isinstance(lr, bool) for lr in lrs):
             raise TypeError("a learning rate is not a number")

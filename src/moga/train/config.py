@@ -193,7 +193,9 @@ class OptimConfig(_Section):
                                  "bfloat16 under scale torch, else auto)")
     layers: int | None = Field(None, ge=1, description="adaptive-gd: L, the number of layers "
                                "(default: from the model)")
-    overrides: dict[str, str] | None = Field(None, description="role-plan overrides {parameter glob: role}")
+    overrides: dict[str, str | dict[Literal["role", "layout", "geometry"], str]] | None = Field(
+        None, description="role-plan overrides {parameter glob: role}, or {parameter glob: {geometry: spec}} (also "
+        "role, layout), e.g. {'*.attn.*.weight': {geometry: spectral}}: the orthogonalized step on attention only")
     lr_multipliers: dict[Literal[ROLES], Annotated[float, Field(gt=0, strict=True)]] | None = Field(  # type: ignore[valid-type]
         None, description="moga family: {role: factor} on lr per role (embedding, readout, vector, ...); "
         "sweepable as optim.lr_multipliers.ROLE")

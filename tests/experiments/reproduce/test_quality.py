@@ -230,6 +230,27 @@ def test_a_value_run_on_one_seed_is_not_said_to_move_the_loss():
     assert "| 1 | +9.5% [" in quality.ablation_table(entries) and "one seed" in quality.ablation_table(entries)
 
 
+def test_the_ablation_against_a_named_variant_of_the_same_sweep():
+    """docs/results.md's hybrids table: every contender at its own tuned lr against the published Muon, which runs
+    in the same sweep; a dependent axis that follows optim.name is no choice, and a mapping value (a per-name
+    geometry override) is a variant like any other."""
+    attention = {"*.attn.*.weight": {"geometry": "spectral"}}
+    variants = [("moga", None, 2.0), ("moga", attention, 1.9), ("muon", None, 1.8)]
+    rows = [{"optim.name": name, "optim.overrides": over, "optim.betas": [0.9, 0.95] if name == "muon" else None,
+             "w": 64, "seed": s, "optim.lr": lr, "train_loss": floor + 0.01 * s + (0.1 if lr == 0.2 else 0)}
+            for name, over, floor in variants for s in (0, 1) for lr in (0.05, 0.1, 0.2)]
+    axes = {"w": [64], "seed": [0, 1], "optim.name": ["moga", "muon"], "optim.overrides": [None, attention],
+            "optim.betas": {"by": "optim.name", "values": {"moga": [None], "muon": [[0.9, 0.95]]}},
+            "optim.lr": [0.05, 0.1, 0.2]}
+    entries = quality.ablation(rows, axes, scale_key="w", against={"optim.name": "muon"})
+    by = {(e["variant"]["optim.name"], e["variant"]["optim.overrides"] is not None): e for e in entries}
+    assert set(by) == {("moga", False), ("moga", True), ("muon", False)}  # betas follow optim.name
+    assert by[("moga", True)]["relative"] == pytest.approx(1.905 / 1.805 - 1)
+    assert by[("muon", False)]["relative"] == 0 and by[("moga", False)]["moves"]
+    assert by[("moga", True)]["lr_on_edge"] and by[("moga", True)]["reference"]["lr_on_edge"]  # 0.05, the low edge
+    assert "vs tuned name=muon" in quality.ablation_table(entries)
+
+
 def test_the_shipped_quality_reproduction_is_judged_by_this_module():
     rep = get("quality")
     assert rep.kind == "quality" and rep.raw["quality"]["baselines"] == ["adamw", "muon"]

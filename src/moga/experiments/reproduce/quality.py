@@ -243,24 +243,34 @@ def _finite(value):
 
 def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key: str = "optim.lr",
              seed_key: str = "seed", metric: str = "train_loss", resamples: int = RESAMPLES,
-             baseline: list[dict] | None = None) -> list[dict]:
+             baseline: list[dict] | None = None, against: dict | None = None) -> list[dict]:
     """Each combination of the ablated axes (every axis but scale, lr and seed) at its own tuned lr against the
     default (each axis' first value), per width: relative loss with its interval; ``moves`` when the interval
     excludes 0 (None when a side has one seed). With ``baseline`` (the rows of another sweep, e.g. AdamW's), each combination is compared with
-    the baseline tuned at that width instead (the optimizer of lowest seed mean at its own best lr): the gap."""
-    choice_keys = [k for k in axes if k not in (scale_key, lr_key, seed_key)]
+    the baseline tuned at that width instead (the optimizer of lowest seed mean at its own best lr): the gap.
+    With ``against`` ({axis: value}, e.g. ``{"optim.name": "muon"}``), with the variant of these rows that
+    matches it, tuned at that width. A dependent axis with one value per value of its ``by`` axis follows that
+    axis and is no choice of its own."""
+    choice_keys = [k for k in axes if k not in (scale_key, lr_key, seed_key) and not _follows(axes[k])]
     plain = [k for k in choice_keys if not isinstance(axes[k], list)]
     if plain:
         raise ValueError(f"ablated axes must be plain lists whose first value is the default: {', '.join(plain)}")
     default = {k: axes[k][0] for k in choice_keys}
-    variants = sorted({tuple(r.get(k) for k in choice_keys) for r in rows},
-                      key=lambda v: (dict(zip(choice_keys, v)) != default, str(v)))  # the default first
+    seen = {}  # unique by their JSON text: a mapping value (optim.overrides) is no dict key
+    for r in rows:
+        values = tuple(r.get(k) for k in choice_keys)
+        seen.setdefault(json.dumps(values, sort_keys=True), values)
+    variants = sorted(seen.values(), key=lambda v: (dict(zip(choice_keys, v)) != default, str(v)))  # the default first
     out = []
     for scale in sorted({r[scale_key] for r in rows}):
         if baseline is None:
-            reference = {"name": "default"}
-            ref_grid = seed_losses(rows, {**default, scale_key: scale}, lr_key, seed_key, metric)
+            reference = {"name": "default"} if against is None else {
+                "name": ", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in against.items())}
+            ref_grid = seed_losses(rows, {**(default if against is None else against), scale_key: scale}, lr_key,
+                                   seed_key, metric)
             ref_lr = best_lr(ref_grid)
+            if against is not None and ref_lr is not None:
+                reference.update(lr=ref_lr, lr_on_edge=ref_lr in (min(ref_grid), max(ref_grid)))
         else:
             reference, ref_grid, ref_lr = _tuned_baseline(baseline, scale_key, scale, lr_key, seed_key, metric)
         for values in variants:
@@ -278,6 +288,12 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
                         # one seed on a side: the interval resamples only the other side's, it says nothing
                         "low": low, "high": high, "moves": not (low <= 0 <= high) if min(len(a), len(b)) > 1 else None})
     return out
+
+
+def _follows(axis) -> bool:
+    """A dependent axis ({by, values}) with one value for each value of its ``by`` axis."""
+    return isinstance(axis, dict) and "by" in axis and all(
+        isinstance(v, list) and len(v) == 1 for v in axis.get("values", {}).values())
 
 
 def _tuned_baseline(rows: list[dict], scale_key: str, scale, lr_key: str, seed_key: str, metric: str):
@@ -317,7 +333,8 @@ def ablation_table(entries: list[dict]) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | list[Path] | None = None) -> str:
+def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | list[Path] | None = None,
+                    against: dict | None = None) -> str:
     """The ablation table of one or more sweep run directories (``moga sweep configs/sweeps/ablation_*.yaml
     --out RUN_DIR``); with ``baseline_dir`` (sweeps of baseline optimizers over the same widths, one directory
     or several, e.g. AdamW's and Muon's) each value against the best of them tuned at each width. Several
@@ -332,8 +349,9 @@ def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | list[Path]
             if not settled:
                 raise SystemExit(f"{one}: no settled cell yet")
             baseline += settled
-    entries = ablation(rows, spec["axes"], scale_key=spec["scale_key"], lr_key=spec["lr_key"], baseline=baseline)
-    name = "ablation.json" if baseline is None else "ablation-baseline.json"
+    entries = ablation(rows, spec["axes"], scale_key=spec["scale_key"], lr_key=spec["lr_key"], baseline=baseline,
+                       against=against)
+    name = "ablation.json" if baseline is None and against is None else "ablation-baseline.json"
     write_json(run_dirs[0] / name, _finite(entries))
     return ablation_table(entries)
 
@@ -421,14 +439,19 @@ def versus_report(subject_dir: Path, claim_dir: Path, goal: float = GOAL) -> str
 
 
 USAGE = ("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...] [--baseline RUN_DIR ...]"
-         " | transfer RUN_DIR | versus RUN_DIR --baseline QUALITY_RUN_DIR")
+         " [--against KEY=VALUE ...] | transfer RUN_DIR | versus RUN_DIR --baseline QUALITY_RUN_DIR")
 
 if __name__ == "__main__":
-    args, baselines = sys.argv[1:], []
-    while len(args) >= 2 and args[-2] == "--baseline":  # each --baseline DIR, from the end
-        args, baselines = args[:-2], [Path(args[-1]), *baselines]
-    if args[:1] == ["ablation"] and len(args) >= 2 and "--baseline" not in args:
-        print(ablation_report([Path(a) for a in args[1:]], baselines or None))
+    args, baselines, against = sys.argv[1:], [], {}
+    while len(args) >= 2 and args[-2] in ("--baseline", "--against"):  # each --baseline DIR or --against K=V, from the end
+        if args[-2] == "--baseline":
+            baselines = [Path(args[-1]), *baselines]
+        else:
+            key, _, value = args[-1].partition("=")
+            against[key] = value
+        args = args[:-2]
+    if args[:1] == ["ablation"] and len(args) >= 2 and "--baseline" not in args and not (baselines and against):
+        print(ablation_report([Path(a) for a in args[1:]], baselines or None, against or None))
     elif args[:1] == ["transfer"] and len(args) == 2 and not baselines:
         print(transfer_report(Path(args[1])))
     elif args[:1] == ["versus"] and len(args) == 2 and len(baselines) == 1:
