@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moga.experiments.reproduce.catalog import Reproduction, merge, tune_settings
-from moga.experiments.tune import tune
+from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, merge, tune_settings
+from moga.experiments.tune import TuneError, tune
 from moga.sweep.executor import run_sweep
 from moga.sweep.report.curves import build_curve, make_grid
 from moga.sweep.report.decision import fit, resample_means
@@ -42,10 +42,13 @@ def run_claim(rep: Reproduction, out: Path, scale: str, workers: int, executor: 
     for name, target in s["targets"].items():
         base = merge(copy.deepcopy(s["base"]), {"model": target["model"]})
         log(f"== target {name}: moga tune on proxies {target.get('proxies')}")
-        res = tune(base, out=out / name / "tune", budget_flops=s.get("budget_flops"), lrs=s.get("lrs"),
-                   proxies=[tuple(p) for p in target["proxies"]] if target.get("proxies") else None,
-                   regime=s.get("regime", "auto"), workers=workers, executor=executor, ray_address=ray_address,
-                   min_seeds=min_seeds, max_seeds=max_seeds, progress=progress, log=log)
+        try:
+            res = tune(base, out=out / name / "tune", budget_flops=s.get("budget_flops"), lrs=s.get("lrs"),
+                       proxies=[tuple(p) for p in target["proxies"]] if target.get("proxies") else None,
+                       regime=s.get("regime", "auto"), workers=workers, executor=executor, ray_address=ray_address,
+                       min_seeds=min_seeds, max_seeds=max_seeds, progress=progress, log=log)
+        except TuneError as e:
+            raise ReproduceError(f"target {name}: {e}") from None
         entry = {"tune": {k: res.get(k) for k in ("rate", "justified", "why", "next", "flops", "prediction",
                                                   "decision")},
                  "proxies": [{k: p[k] for k in ("label", "params", "steps", "optimum_lr", "seeds", "curve")}
