@@ -10,6 +10,7 @@ from moga.experiments.coordcheck import coordcheck_command
 from moga.experiments.demo import demo_command
 from moga.experiments.reproduce.cli import reproduce_command
 from moga.experiments.smoothness.cli import smoothness_command
+from moga.experiments.tune.cli import tune_command
 from moga.sweep.cli import sweep
 from moga.sweep.report.cli import report_command
 from moga.train.cli import lr_range, train
@@ -24,6 +25,7 @@ app.command("smoothness")(smoothness_command)
 app.command("demo")(demo_command)
 app.command("reproduce")(reproduce_command)
 app.command("coordcheck")(coordcheck_command)
+app.command("tune")(tune_command)
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 

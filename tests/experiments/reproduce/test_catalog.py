@@ -1,5 +1,6 @@
 """Every reproduction's grids, at every scale, expand into valid training configs, without training."""
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -10,14 +11,14 @@ import torch
 from moga.experiments.reproduce.catalog import SCALES, catalog, cell_cost, data_inputs, get, merge
 from moga.train.build import build_model, build_optimizer
 
-NAMES = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality"]
+NAMES = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality", "tune"]
 
 
 def test_the_issue_names_every_reproduction():
     assert list(catalog()) == NAMES
     for rep in catalog().values():
         assert rep.paper and rep.figure and rep.claim
-        assert rep.kind in ("race", "convergence", "quality") or rep.expect, f"{rep.name} claims nothing about any panel"
+        assert rep.kind in ("race", "convergence", "quality", "tune") or rep.expect, f"{rep.name} claims nothing about any panel"
         paper = rep.scale("paper")
         assert paper.get("source") and paper.get("silent"), f"{rep.name}: say where the paper scale comes from"
 
@@ -30,6 +31,17 @@ def test_every_cell_of_every_grid_builds_its_model_and_optimizer(scale):
             from moga.experiments.smoothness.convergence import convergence_settings
 
             convergence_settings(**rep.settings(scale))  # unknown settings raise
+            continue
+        if rep.kind == "tune":  # its targets, each on the meta device (moga tune builds its proxies)
+            from moga.experiments.reproduce.catalog import tune_settings
+            from moga.train.config import build_config
+            s = tune_settings(rep, scale)
+            for target in s["targets"].values():
+                # depth scaling needs a probe forward, which meta tensors cannot run: built without it here
+                config = build_config(merge(copy.deepcopy(s["base"]), {"model": {**target["model"],
+                                                                                 "depth_scaling": "none"}}))
+                with torch.device("meta"):
+                    build_optimizer(config, build_model(config, data_inputs(config)[0]))
             continue
         sweep = rep.sweep(scale)  # expands the grid and validates every cell's config
         models, optimizers = {}, set()
@@ -53,6 +65,10 @@ def test_every_reproduction_runs_moga_as_the_paper_did(scale):
     the race also races MOGA's default, by name, beside it (issue 35), and its store records what the default ran."""
     pinned = 0
     for rep in catalog().values():
+        if rep.kind == "tune":
+            from moga.experiments.reproduce.catalog import tune_settings
+            assert tune_settings(rep, scale)["base"]["optim"]["preset"] == "paper"
+            continue
         if rep.kind == "convergence":
             continue
         sweep = rep.sweep(scale)

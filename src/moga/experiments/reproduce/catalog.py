@@ -26,10 +26,11 @@ from moga.experiments.smoothness.convergence import convergence_settings
 from moga.models import GPT
 from moga.sweep.spec import Sweep
 from moga.train.build import build_model
+from moga.train.config import build_config
 
 CONFIGS = Path(__file__).parent / "configs"
 SCALES = ("quick", "cpu", "paper")
-KINDS = ("transfer", "joint", "race", "convergence", "quality")
+KINDS = ("transfer", "joint", "race", "convergence", "quality", "tune")
 # Calibrated on `moga demo` (108 residual-MLP runs, 1.4e13 training FLOPs), which took 420 s with 2 workers on
 # a quiet 2-core CPU; this model gives it 8 minutes. Used for estimates only.
 CPU_FLOPS_PER_CORE = 20e9
@@ -136,7 +137,7 @@ def catalog() -> dict[str, Reproduction]:
         if raw["kind"] not in KINDS:
             raise ReproduceError(f"{path.name}: kind must be one of {KINDS}, got {raw['kind']!r}")
         out[raw["name"]] = Reproduction(raw["name"], raw["paper"], str(raw["figure"]), raw["claim"], raw["kind"], raw)
-    order = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality"]
+    order = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality", "tune"]
     return {n: out[n] for n in sorted(out, key=lambda n: order.index(n) if n in order else len(order))}
 
 
@@ -154,6 +155,9 @@ def cell_cost(config) -> dict:
     from the model built on the meta device (no memory, no time)."""
     d = config.data
     inputs, train_size = data_inputs(config)
+    if config.model.depth_scaling != "none":  # the same parameters; a meta model cannot run the scaling's probe
+        raw = config.to_dict()
+        config = build_config({**raw, "model": {**raw["model"], "depth_scaling": "none"}})
     try:
         with torch.device("meta"):
             model = build_model(config, inputs)
@@ -218,6 +222,8 @@ def estimate(rep: Reproduction, scale: str = "cpu", cores: int = 2, min_seeds: i
     (``cells``, ``seconds``), and the range the added seeds cost (``seed_cells``, ``seed_seconds``: (low, high)).
     Low: every panel decided with ``min_seeds`` seeds at 3 rates per scale; high: every panel inconclusive,
     ``max_seeds`` seeds at 5 rates. A race adds ``min_seeds`` seeds at each contender's best rate per budget."""
+    if rep.kind == "tune":
+        return _tune_estimate(rep, scale, cores, min_seeds)
     if rep.kind == "convergence":
         s = convergence_settings(**rep.settings(scale))
         return {"cells": None, "seconds": _convergence_seconds(s) / cores, "flops": None,
@@ -248,6 +254,23 @@ def estimate(rep: Reproduction, scale: str = "cpu", cores: int = 2, min_seeds: i
     return {"cells": len(sweep.cells), "seconds": sum(c["seconds"] for c in costs) / cores,
             "flops": sum(c["flops"] for c in costs), "seed_cells": tuple(seed_cells),
             "seed_seconds": tuple(seed_seconds)}
+
+
+def tune_settings(rep: Reproduction, scale: str) -> dict:
+    """A tune claim's settings (``tune:``) with its scale's own ``tune:`` merged in."""
+    return merge(copy.deepcopy(rep.raw.get("tune", {})), rep.scale(scale).get("tune", {}))
+
+
+def _tune_estimate(rep: Reproduction, scale: str, cores: int, min_seeds: int) -> dict:
+    """moga tune's budget per target (its proxies cost at most that) plus the target's check: 3 rates x seeds."""
+    s = tune_settings(rep, scale)
+    flops = seconds = 0.0
+    for target in s["targets"].values():
+        cost = cell_cost(build_config(merge(copy.deepcopy(s["base"]), {"model": target["model"]})))
+        flops += s["budget_flops"] + 3 * min_seeds * cost["flops"]
+        seconds += s["budget_flops"] / CPU_FLOPS_PER_CORE + 3 * min_seeds * cost["seconds"]
+    return {"cells": None, "seconds": seconds / cores, "flops": flops, "seed_cells": (0, 0),
+            "seed_seconds": (0.0, 0.0)}
 
 
 def _convergence_seconds(s: dict) -> float:

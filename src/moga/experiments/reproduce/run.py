@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from moga.experiments.reproduce import quality
+from moga.experiments.reproduce import quality, tune_claim
 from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
 from moga.experiments.reproduce.clock import ClaimClock
 from moga.experiments.reproduce.race import contender_arms, judge_race, race_seeds
@@ -67,6 +67,9 @@ def _run_and_judge(rep: Reproduction, out: Path, scale: str, workers: int, execu
                    data: str | None, max_regret: float, progress: bool, min_seeds: int, max_seeds: int) -> dict:
     if rep.kind == "convergence":
         outcome = _convergence(rep, out, scale, data, progress)
+    elif rep.kind == "tune":  # its own runs: moga tune per target, then the target's check (.tune_claim)
+        outcome = tune_claim.run_claim(rep, out, scale, workers, executor, ray_address, progress, min_seeds,
+                                       max_seeds)
     else:
         run = lambda sw: run_sweep(sw, out, workers=workers, executor=executor,  # noqa: E731
                                    ray_address=ray_address, progress=progress, retry_failed=True)
@@ -235,6 +238,8 @@ def rejudge(outcome: dict, expect: list[dict]) -> dict:
     cell."""
     if "seed_numbers" in outcome:
         return {**outcome, **convergence_fields(outcome["seed_numbers"])}
+    if outcome.get("kind") == "tune":
+        return {**outcome, **tune_claim.target_fields(outcome["targets"], outcome["goal"])}
     a = outcome["analysis"]
     if "scale_keys" in a:  # joint: the tuning FLOPs saved come from the sweep's cost model, not from cells
         saved = {json.dumps(p["panel"], sort_keys=True): p.get("tuning_flops_saved") for p in outcome["panels"]}
