@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from moga.depth.scale import ResidualScale
-from moga.depth.trace import Trace, residual_adds
+from moga.depth.trace import Trace, outer_residual_add, residual_adds
 
 class probe_mode:
     """Eval mode, no gradients, every existing scale at 1; all restored on exit."""
@@ -77,8 +77,17 @@ def find(model: nn.Module, args: tuple, kwargs: dict, use_declared: bool = True)
         elif len(trace.calls.get(name, [])) > 1:
             problems[name] = [f"it ran {len(trace.calls[name])} times in one forward (shared weights?), and a block "
                               "must run once for its scale to be checked"]
+    # Blocks whose residual add is in the caller's forward (for f in self.blocks: h = h + f(h)): the element
+    # is its own branch. Only where no block was found inside or around it.
+    for name in candidates:
+        if (name in found or inside(name, found) or any(inside(b, {name: 0}) for b in found)
+                or not trace.ran_once(name) or name not in trace.param_modules):
+            continue
+        if outer_residual_add(trace.recorder, trace.calls[name][0]) is not None:
+            found[name] = [name]
+            problems.pop(name, None)
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
-    found = {b: sorted(names, key=order.__getitem__) for b, names in found.items()}
+    found = {b: sorted(found[b], key=order.__getitem__) for b in sorted(found, key=order.__getitem__)}
     calls = {c: (trace.calls[c][0].args, trace.calls[c][0].kwargs, trace.calls[c][0].output.tensor)
              for c in candidates if trace.ran_once(c)}  # tensors only: the recorded graph can go
     return found, calls, problems
@@ -88,7 +97,8 @@ def none_found(model: nn.Module, problems: dict[str, list[str]]) -> str:
     why = "".join(f" In {b}, {'; '.join(p)}." for b, p in list(problems.items())[:3] if p)
     sample = [n for n, _ in model.named_modules()][1:9]
     return (f"found no residual branches in {type(model).__name__}: no element of a ModuleList or Sequential "
-            f"adds the output of one of its submodules to its own input in the probe forward.{why} Name the "
+            f"adds the output of one of its submodules to its own input in the probe forward, and no forward adds "
+            f"an element's output to that element's input.{why} Name the "
             "modules whose output is added to the residual stream, e.g. scale_residual_branches(model, depth=K, "
             f"branches=[...]) with module names such as {sample}, or give the block class a residual_branches() "
             "method that returns them")
@@ -98,7 +108,7 @@ def blocks_of(model: nn.Module, targets: list[str], found: dict[str, list[str]])
     """The blocks named branches belong to: the blocks found, each needing at least one named branch."""
     blocks: dict[str, list[str]] = {}
     for target in targets:
-        owner = next((b for b in found if inside(target, {b: 0})), None)
+        owner = next((b for b in found if target == b or inside(target, {b: 0})), None)
         if owner is None:  # no block found around it: verify on its enclosing container element or parent
             owner = _enclosing(model, target)
         blocks.setdefault(owner, []).append(target)
@@ -106,12 +116,15 @@ def blocks_of(model: nn.Module, targets: list[str], found: dict[str, list[str]])
     if missed:
         raise ValueError(
             f"branches= names no module in block(s) {missed[:4]}{' ...' if len(missed) > 4 else ''}, which add "
-            f"branches to the residual stream too (found: {found[missed[0]]}); depth scaling scales every block")
+            f"branches to the residual stream too; depth scaling scales every block, so name a branch in each: "
+            f"{[n for b in missed for n in found[b]][:8]}")
     return blocks
 
 
 def _enclosing(model: nn.Module, name: str) -> str:
     candidates = set(_candidates(model))
+    if name in candidates:  # its own block, the add in its caller's forward (verify checks it is)
+        return name
     parts = name.split(".")
     for k in range(len(parts) - 1, 0, -1):
         if ".".join(parts[:k]) in candidates:
@@ -126,7 +139,6 @@ def run_forward(model: nn.Module, trace: Trace | None, args: tuple, kwargs: dict
         raise ValueError(f"{what} of {type(model).__name__} failed ({type(error).__name__}: {error}). The probe "
                          "input is derived from the model (see moga.depth.probe); pass example_input= with inputs "
                          "its forward accepts") from error
-
 
 
 def inside(name: str, blocks) -> bool:
@@ -147,6 +159,7 @@ def resolve(model: nn.Module, branches: Iterable[str | nn.Module]) -> list[str]:
             if not matches:
                 raise ValueError(f"branch pattern {branch!r} matches no module; module names look like "
                                  f"{[n for n, _ in named[1:9]]}")
+            matches = [m for m in matches if not inside(m, set(matches) - {m, ""})]  # "blocks.*": the outermost
         found += [m for m in matches if m not in found]
     return found
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from moga.depth.find import run_forward
 from moga.depth.scale import SCALE_NAME
-from moga.depth.trace import Trace, branch_sources, spine
+from moga.depth.trace import Trace, branch_sources, outer_residual_add, spine
 
 PROBE_RANGE = (2.0 ** -8, 2.0 ** -4)  # alphas the probe uses as given; others are probed at PROBE_ALPHA
 PROBE_ALPHA = 2.0 ** -4
@@ -22,7 +22,10 @@ def prove(model, args, kwargs, blocks: dict[str, list[str]], scaled: list[str], 
     missing = [b for b in blocks if b not in unscaled]
     if missing:
         raise ValueError(f"cannot verify block {missing[0]}: it did not run exactly once in the probe forward, "
-                         "with a tensor input and output")
+                         "with a tensor input and output. Name branches that lie in blocks which do (each "
+                         "element of a ModuleList or Sequential that runs once, or the element itself when the "
+                         "forward that calls it adds its output to its input), pass example_input= if the probe "
+                         "took another path, or verify=False to scale without the proof")
     inputs = {b: clone(unscaled[b][:2]) for b in blocks}
     y1 = {b: unscaled[b][2] for b in blocks}
 
@@ -79,6 +82,15 @@ def _check_structure(trace: Trace, block: str, names: list[str], tags: set[str])
     costs = trace.costs(block)
     if costs is None:
         raise ValueError(f"cannot verify block {block}: it did not run once with a tensor output in the scaled probe")
+    if names == [block]:  # its own branch: the residual add is in the forward that calls it
+        scaled = lambda n: n is costs.call.output and any(m in tags for m in n.modules)  # noqa: E731
+        if outer_residual_add(trace.recorder, costs.call, scaled) is None:
+            raise ValueError(
+                f"block {block}: its scaled output is not added to its own input by the forward that calls it "
+                f"(as in h = h + block(h)): a nonlinear op sits between, or it is no residual branch. Move the ops "
+                f"between into the branch module, name the modules whose outputs a residual add takes"
+                f"{_hint(trace, block) and ' (' + _hint(trace, block)[2:] + ')'}, or pass verify=False")
+        return
     for node, branch in spine(costs.call, costs):
         on_spine = [m for m in node.modules if m in tags]
         if on_spine:
