@@ -46,4 +46,9 @@ if [ ! -d "$FMNIST_DIR" ]; then
              "or put the four *-ubyte.gz IDX files in a directory and pass data.root=DIR. Runs fall back to digits."
     fi
 fi
+# The fused C++ kernel builds once per source and toolchain (minutes on 2 cores): build it now, so that
+# the demo and the first MOGA(model) do not pay it. Best effort: without a compiler moga uses kernel="torch".
+echo "[setup] building the fused C++ kernel (python -m moga.kernels.build)"
+"$VPY" -m moga.kernels.build >/dev/null 2>&1 \
+    || echo "[setup] note: the C++ kernel did not build; moga steps in torch ops (python -m moga.kernels.build shows why)"
 echo "$want" > "$stamp"

@@ -1,34 +1,76 @@
-"""The `moga` command line. Subcommands live beside the code they drive."""
+"""The `moga` command. Subcommands are imported when they run: `moga --help` and `moga reproduce --list`
+load neither the training engine nor scipy, matplotlib or torch.distributed (tests/test_cli.py holds it)."""
 
 from __future__ import annotations
 
+import importlib
+
+import click
 import typer
 
-from moga.bench.cli import bench_app
-from moga.data.cli import data_app
-from moga.experiments.coordcheck import coordcheck_command
-from moga.experiments.demo import demo_command
-from moga.experiments.reproduce.cli import reproduce_command
-from moga.experiments.smoothness.cli import smoothness_command
-from moga.experiments.tune.cli import tune_command
-from moga.sweep.cli import sweep
-from moga.sweep.report.cli import report_command
-from moga.train.cli import lr_range, train
+# name -> (module, attribute: a command function or a Typer app, its one-line help as `moga --help` shows it;
+# kept here, so that `moga --help` imports no command)
+COMMANDS = {
+    "train": ("moga.train.cli", "train", "Train a model; its run directory gets config.yaml, metrics.jsonl, "
+              "checkpoint.pt (train.parallel=fsdp: the sharded checkpoint.dcp/) and result.json."),
+    "lr-range": ("moga.train.cli", "lr_range", "Learning-rate range test: loss against exponentially growing lr, "
+                 "a suggested lr, a plot."),
+    "sweep": ("moga.sweep.cli", "sweep", "Run every cell of a learning-rate sweep; re-running resumes it, and "
+              "several processes can share it."),
+    "report": ("moga.sweep.report.cli", "report_command", "Figures (loss vs lr, one curve per scale), optima, "
+               "drift, regret and a verdict per panel."),
+    "smoothness": ("moga.experiments.smoothness.cli", "smoothness_command", "Measure the depth and width papers' "
+                   "smoothness claims and reproduce the convergence paper at CPU scale."),
+    "demo": ("moga.experiments.demo", "demo_command", "The depth paper's figure 1 at CPU scale."),
+    "reproduce": ("moga.experiments.reproduce.cli", "reproduce_command", "Every claim of the three papers as one "
+                  "command."),
+    "coordcheck": ("moga.experiments.coordcheck", "coordcheck_command", "muP's coordinate check."),
+    "tune": ("moga.experiments.tune.cli", "tune_command", "Tune the learning rate on small proxies and carry it to "
+             "a larger target, with the regret it will cost."),
+    "bench": ("moga.bench.cli", "bench_app", "Timed comparisons against torch, side by side in one run."),
+    "data": ("moga.data.cli", "data_app", "Datasets: download where a network exists."),
+}
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Geometry-aware optimizers, and the tools to show that a learning rate transfers.")
-app.command("train")(train)
-app.command("lr-range")(lr_range)
-app.command("sweep")(sweep)
-app.command("report")(report_command)
-app.command("smoothness")(smoothness_command)
-app.command("demo")(demo_command)
-app.command("reproduce")(reproduce_command)
-app.command("coordcheck")(coordcheck_command)
-app.command("tune")(tune_command)
-app.add_typer(bench_app, name="bench")
-app.add_typer(data_app, name="data")
+
+def load_command(name: str) -> click.Command:
+    module, attribute, _ = COMMANDS[name]
+    target = getattr(importlib.import_module(module), attribute)
+    if not isinstance(target, typer.Typer):
+        target, function = typer.Typer(add_completion=False), target
+        target.command(name)(function)
+    command = typer.main.get_command(target)
+    command.name = name
+    return command
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        return load_command(name) if name in COMMANDS else None
+
+    def format_commands(self, ctx, formatter):
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help) for name, (_, _, help) in COMMANDS.items()])
+
+
+HELP = "Geometry-aware optimizers, and the tools to show that a learning rate transfers."
+command = LazyGroup(name="moga", no_args_is_help=True, help=HELP)
 
 
 def main() -> None:
-    app()
+    command()
+
+
+def __getattr__(name: str):
+    if name == "app":  # the whole command as a Typer app, every subcommand imported (typer.testing's CliRunner)
+        app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP)
+        for sub, (module, attribute, _) in COMMANDS.items():
+            target = getattr(importlib.import_module(module), attribute)
+            if isinstance(target, typer.Typer):
+                app.add_typer(target, name=sub)
+            else:
+                app.command(sub)(target)
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moga.bench.distributed import OPTIMIZERS, bench_distributed
-from moga.bench.optimizer import add_ratios, bench_optimizers
+from moga.bench.optimizer import add_ratios, bench_optimizers, default_names
 
 bench_app = typer.Typer(no_args_is_help=True, help="Timed comparisons against torch, side by side in one run.")
 
@@ -30,10 +30,13 @@ def optimizer(
     """Time one optimizer step: torch AdamW (foreach, fused), torch Muon and every moga geometry."""
     before = torch.get_num_threads()
     try:
+        names, note = (only, None) if only else default_names(device)
+        if note:
+            typer.echo(f"moga bench optimizer: {note}", err=True)
         torch.set_num_threads(threads or before)
-        records = add_ratios(bench_optimizers(blocks, repeats, warmup, names=only or None, device=device,
+        records = add_ratios(bench_optimizers(blocks, repeats, warmup, names=names, device=device,
                                               clock=clock))
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:  # RuntimeError: torch.device's on a bad device name
         raise typer.BadParameter(str(e)) from None
     finally:
         torch.set_num_threads(before)  # the caller's setting (the command also runs inside tests)

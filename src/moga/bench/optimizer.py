@@ -250,6 +250,23 @@ PEERS = {"moga-muon": "torch-muon", "moga-row-spectral-nesterov": "torch-muon",
          "moga-row-p2-torch": "moga-row-p2"}
 
 
+# torch's Muon runs Newton-Schulz in bfloat16, which a CPU without bf16 units emulates (minutes a step).
+EMULATED_ON_CPU = {"torch-muon"}
+
+
+def default_names(device: str = "cpu") -> tuple[list[str], str | None]:
+    """Every optimizer, less, on a CPU without bf16 units, those that emulate bfloat16; and the line that says
+    so (None when nothing is left out)."""
+    from moga.hardware import facts
+
+    if torch.device(device).type != "cpu" or facts().bf16_matmul:
+        return list(OPTIMIZERS), None
+    skipped = [n for n in OPTIMIZERS if n in EMULATED_ON_CPU]  # moga-muon's peer is then torch-muon-float32
+    note = (f"skipped {', '.join(skipped)}: torch's Muon emulates bfloat16 on this CPU (no bf16 units), so its "
+            f"step takes minutes; add {' '.join('--only ' + n for n in skipped)} (with the others' names) to time them")
+    return [n for n in OPTIMIZERS if n not in skipped], note
+
+
 def _ratio(record: dict, base: dict) -> tuple[float, list[float] | None]:
     """Median over rounds of the ratio within a round (side by side), and its quartiles over the rounds
     (None with fewer than 2 rounds); the medians' ratio without rounds."""

@@ -65,6 +65,7 @@ class Call:
     kwargs: dict = field(repr=False)
     end: int = -1
     output: Node | None = None
+    passed: Node | None = None  # the stream the caller passed, where ``inputs`` replaced it
 
 
 class Recorder(TorchFunctionMode):
@@ -243,12 +244,15 @@ class Trace:
 
     def _opener(self, name):
         def hook(module, args, kwargs):
+            passed = stream_input(args, kwargs)
             if name in self.inputs:
                 args, kwargs = self.inputs[name]
             x = stream_input(args, kwargs)
             if x is not None and self.record:
                 source = self.recorder.node_of(x)
-                self.calls.setdefault(name, []).append(Call(len(self.recorder.nodes), source, args, kwargs))
+                call = Call(len(self.recorder.nodes), source, args, kwargs)
+                call.passed = self.recorder.node_of(passed) if passed is not None else None
+                self.calls.setdefault(name, []).append(call)
             return args, kwargs
         return hook
 
@@ -306,3 +310,29 @@ class Trace:
         """The modules whose outputs ``block``'s residual adds take, for an error message."""
         order = {name: i for i, (name, _) in enumerate(self.model.named_modules())}
         return sorted(self.branches(block)[0], key=order.__getitem__)
+
+
+def outer_residual_add(recorder: Recorder, call: Call, accept=None) -> Node | None:
+    """The add after ``call`` that takes its output (through linear ops) and the stream it read (through
+    ops without weight matrices: a norm in the caller's forward): a residual add in the caller, as in
+    ``for f in self.blocks: h = h + f(h)``. ``accept`` (default: the call's output) marks the branch."""
+    accept = accept or (lambda n: n is call.output)
+    stream, todo = set(), [call.passed or call.source]
+    while todo and len(stream) < 256:  # the stream before the call: back through weightless ops
+        node = todo.pop()
+        if id(node) not in stream:
+            stream.add(id(node))
+            todo += [p for p in node.parents if not node.weight]
+    branch = set()
+    for node in recorder.nodes[call.start:]:
+        if accept(node):
+            branch.add(id(node))
+        taken = [p for p in node.parents if id(p) in branch]
+        if not taken:
+            continue
+        others = [p for p in node.parents if id(p) not in branch]
+        if node.op in ADDS and len(others) == 1 and id(others[0]) in stream:
+            return node
+        if (node.op in LINEAR and not others) or node.op in PRODUCTS and len(taken) == 1 or node.op in ADDS:
+            branch.add(id(node))
+    return None

@@ -111,8 +111,9 @@ def load_extension(verbose: bool = False):
             if not source.is_file() or source.read_bytes() != code:
                 source.write_bytes(code)
             if not (directory / f"{name}.so").is_file():  # a silent 15-20 s pause looks like a hang
-                print(f"moga: building the fused C++ kernel once (~20 s), cached in {directory}", file=sys.stderr,
-                      flush=True)
+                print(f"moga: building the fused C++ kernel once, cached in {directory}: 20 s on a quiet many-core "
+                      "machine, 2-4 min on 2 busy cores. To skip it: kernel=\"torch\" (the same steps in torch ops); "
+                      "to build ahead of time: python -m moga.kernels.build", file=sys.stderr, flush=True)
             try:
                 _cpp_extension().load(
                     name=name, sources=[str(source)], extra_cflags=list(flags),

@@ -32,7 +32,7 @@ from moga.layout import Layout, as_layout
 from moga.numerics import direction, phi
 from moga.optim.nonfinite import ema_, finite, gate
 from moga.optim.precision import in_compute_dtype, write_back
-from moga.optim.sharded import DTensor, WholeJob, check_stateful_split, needs_whole, reducer
+from moga.optim.sharded import WholeJob, check_stateful_split, is_dtensor, needs_whole, reducer
 from moga.workspace import Workspace, scratch
 
 __all__ = ["adam_step_", "adam_steps_", "direction", "lmo_step_", "lmo_steps_", "phi"]
@@ -88,12 +88,12 @@ def lmo_steps_(geometry: Geometry, layouts: list, params: list[torch.Tensor], ta
         return []
     if (len(params) > 1 and needs_whole(geometry, layouts[0]) and geometry.batched
             and not split_replicated
-            and not any(isinstance(p, DTensor) for p in params)):
+            and not any(is_dtensor(p) for p in params)):
         _batched_whole_steps_(geometry, layouts, targets, grads, directions, momentum, nesterov, alpha, ok, workspace)
         return []
     whole = []
     for t, p, g, d, layout in zip(targets, params, grads, directions, layouts):
-        defer = needs_whole(geometry, layout) and (isinstance(p, DTensor) or split_replicated)
+        defer = needs_whole(geometry, layout) and (is_dtensor(p) or split_replicated)
         out = None if defer else scratch(workspace, g, 2)  # deferred directions need their own memory
         d = _gated_direction(g, d if bufs is not None else None, momentum, nesterov, ok, out)
         if defer:

@@ -24,16 +24,31 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import sys
+
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from moga.layout import Layout, ShardLayout
+
+# torch.distributed.tensor (and sympy with it) costs about 2 s to import; a DTensor exists only once it is
+# imported, so ``import moga`` leaves it alone and asks sys.modules.
+
+
+def is_dtensor(t) -> bool:
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def _placements():
+    from torch.distributed.tensor import Replicate, Shard
+
+    return Shard, Replicate
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a ``DTensor`` (an alias: in-place updates reach the parameter), else ``t``."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def needs_whole(geometry, layout: Layout | None) -> bool:
@@ -49,8 +64,9 @@ class ShardingError(ValueError):
 
 def sharded_dims(p: torch.Tensor) -> dict[int, list[int]]:
     """tensor dim -> the mesh dims that shard it, for a DTensor; {} for a plain tensor."""
-    if not isinstance(p, DTensor):
+    if not is_dtensor(p):
         return {}
+    Shard, _ = _placements()
     out: dict[int, list[int]] = {}
     for mesh_dim, pl in enumerate(p.placements):
         if type(pl) is Shard and p.device_mesh.size(mesh_dim) > 1:
@@ -60,8 +76,9 @@ def sharded_dims(p: torch.Tensor) -> dict[int, list[int]]:
 
 def check_placements(name: str, p: torch.Tensor, geometry, layout: Layout | None) -> None:
     """Raise :class:`ShardingError` when ``geometry`` cannot step on ``p``'s placements."""
-    if not isinstance(p, DTensor):
+    if not is_dtensor(p):
         return
+    Shard, Replicate = _placements()
     for pl in p.placements:
         if type(pl) not in (Shard, Replicate):
             raise ShardingError(
@@ -90,22 +107,22 @@ def check_stateful_split(geometry, split_replicated: bool) -> None:
 def check_grad(name, p: torch.Tensor) -> None:
     """A DTensor parameter's gradient must be sharded like it: the step pairs their local shards.
     ``name()`` gives the parameter's name for the error."""
-    if isinstance(p, DTensor) and (not isinstance(p.grad, DTensor) or p.grad.placements != p.placements):
-        got = p.grad.placements if isinstance(p.grad, DTensor) else "a plain tensor"
+    if is_dtensor(p) and (not is_dtensor(p.grad) or p.grad.placements != p.placements):
+        got = p.grad.placements if is_dtensor(p.grad) else "a plain tensor"
         raise ShardingError(f"{name()}: parameter with placements {p.placements} has a gradient "
                             f"with placements {got}; redistribute the gradient like its parameter")
 
 
 def global_layout(p: torch.Tensor, layout: Layout | None) -> Layout | None:
     """``layout`` for a DTensor's local shard, with fan_in/fan_out of the global tensor."""
-    if layout is None or not isinstance(p, DTensor):
+    if layout is None or not is_dtensor(p):
         return layout
     return ShardLayout(layout.spec, tuple(p.shape))
 
 
 def _reduced_mesh_dims(p: torch.Tensor, geometry, layout: Layout | None) -> list[int]:
     """The mesh dims that shard a dim ``geometry`` reduces over; [] when the local shard holds them whole."""
-    if not isinstance(p, DTensor) or layout is None:
+    if not is_dtensor(p) or layout is None:
         return []
     shards = sharded_dims(p)
     return sorted({m for d in geometry.reduced_dims(layout) for m in shards.get(d, ())})
@@ -210,8 +227,8 @@ def _shard_shapes(shape, dim: int, world: int) -> list[tuple[int, ...]]:
 
 def step_whole(jobs: list[WholeJob]) -> None:
     """Whole-matrix steps: DTensors within their shard groups, plain tensors (replicated) across the world."""
-    step_whole_sharded([j for j in jobs if isinstance(j.param, DTensor)])
-    step_whole_replicated([j for j in jobs if not isinstance(j.param, DTensor)])
+    step_whole_sharded([j for j in jobs if is_dtensor(j.param)])
+    step_whole_replicated([j for j in jobs if not is_dtensor(j.param)])
 
 
 def step_whole_sharded(jobs: list[WholeJob]) -> None:

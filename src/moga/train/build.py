@@ -96,12 +96,14 @@ def model_kwargs(cfg: RunConfig, data_inputs: dict | None = None) -> dict:
     return kwargs
 
 
-def build_model(cfg: RunConfig, data_inputs: dict | None = None) -> nn.Module:
+def build_model(cfg: RunConfig, data_inputs: dict | None = None, scale_depth: bool = True) -> nn.Module:
+    """The configured model, its residual branches scaled (``scale_depth=False``: unscaled, the same
+    parameters, for counting them without the probe forwards)."""
     m = cfg.model
     model = model_factory(m.name)(**model_kwargs(cfg, data_inputs))
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name={m.name!r} returned a {type(model).__name__}, not an nn.Module")
-    if m.depth_scaling != "none":
+    if m.depth_scaling != "none" and scale_depth:
         depth = getattr(model, "depth", None)
         alpha = residual_alpha(depth, m.depth_scaling, m.k_base, m.beta) if isinstance(depth, int) else None
         scale_residual_branches(model, alpha, depth=depth, mode=m.depth_scaling, k_base=m.k_base, beta=m.beta)
