@@ -34,7 +34,7 @@ from moga.sweep.seeds import more_seeds, stored_include
 from moga.sweep.spec import Sweep, SweepError
 from moga.sweep.store import SweepStore
 from moga.train.config import ConfigError, RunConfig, apply_overrides, read_config_file
-from moga.train.engine import write_json_atomic
+from moga.files import write_json, write_text
 
 GROUP = ("optimizer", "scaling")
 # Six rates a factor 2 apart around each optimizer's default rate; an optimum on an edge grows the grid.
@@ -226,8 +226,8 @@ def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width
     result = judge(base, knobs, p, panel, rows, wkey, grid, max_regret, stops, out)
     result["cells_trained"] = _trained(SweepStore(out)) - trained_before
     result["notes"] = notes
-    write_json_atomic(out / "tune.json", json_safe(result))
-    (out / "tune.md").write_text(render(result), encoding="utf-8")
+    write_json(out / "tune.json", json_safe(result))
+    write_text(out / "tune.md", render(result))
     log(render(result, short=True))
     return result
 
@@ -317,6 +317,6 @@ def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[f
         f"{pred.extrapolation:.2f}x the proxies' span beyond the largest"], next=nxt)
     cfg = config_at(base, knobs, target.width, target.depth)
     cfg.setdefault("optim", {})["lr"] = pred.lr
-    (out / "target.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    write_text(out / "target.yaml", yaml.safe_dump(cfg, sort_keys=False))
     result["snippets"] = snippets(cfg, out / "target.yaml")
     return result
