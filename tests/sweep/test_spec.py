@@ -122,3 +122,23 @@ def test_a_grid_too_large_to_run_is_refused_with_its_size_at_once():
                  "optim.lr": {"by": "optim.name", "values": {"moga": {"pow2": [-40, 9]}, "adamw": [0.1]}}}
     with pytest.raises(SweepError, match="makes up to 20000 with the dependent axes"):
         sweep(axes=dependent)
+
+
+def test_a_dependent_override_sets_a_key_on_the_cells_it_selects_without_changing_their_ids():
+    axes = {"optim.name": ["adamw", "muon", "moga"], "model.depth": [2, 8], "optim.lr": [0.01]}
+    pinned = sweep(axes=axes, overrides={"train.steps": 2,
+                                         "optim.preset": {"by": "optim.name", "values": {"muon": "moga"}}})
+    assert [cell_id(c) for c in pinned.cells] == [cell_id(c) for c in sweep(axes=axes).cells]
+    presets = {(c["optim.name"], pinned.config(c).optim.preset) for c in pinned.cells}
+    assert presets == {("adamw", None), ("muon", "moga"), ("moga", None)}
+    assert {pinned.config(c).train.steps for c in pinned.cells} == {2}
+
+
+def test_a_dependent_override_that_breaks_a_cell_or_names_no_axis_is_refused():
+    axes = {"optim.name": ["muon", "moga"], "model.depth": [2], "optim.lr": [0.01]}
+    with pytest.raises(SweepError, match=r"optim.preset 'moga' is Muon's"):  # MOGA has no preset "moga"
+        sweep(axes=axes, overrides={"optim.preset": {"by": "optim.name", "values": {"muon": "moga", "moga": "moga"}}})
+    with pytest.raises(SweepError, match=r"overrides: optim.preset depends on 'optim.p', which must be an axis"):
+        sweep(axes=axes, overrides={"optim.preset": {"by": "optim.p", "values": {"2": "moga"}}})
+    with pytest.raises(SweepError, match=r"overrides: optim.preset is \{by: AXIS"):
+        sweep(axes=axes, overrides={"optim.preset": {"by": "optim.name", "value": {"muon": "moga"}}})

@@ -240,3 +240,33 @@ def test_a_preset_axis_on_the_default_is_refused_once_the_default_changed(tmp_pa
                        r"Nesterov\), and its optim.preset axis runs 'default'"):
         store.create_or_check(moga_sweep({"optim.preset": ["paper", "default"]}, preset="paper"))
     assert store.create_or_check(moga_sweep({"optim.preset": ["paper"]}, preset="paper"))["dropped"] == 1
+
+
+def test_a_dependent_muon_preset_override_is_compared_by_what_it_runs(tmp_path):
+    """A store from before the published Muon, without the override, extends with it (its Muon cells ran moga's
+    Muon); a store that ran the override's moga Muon is refused when the override moves to the published one, and
+    any other change of the overrides is refused."""
+    import sqlite3
+
+    from moga.sweep.spec import SweepError
+
+    def mixed(overrides=None):
+        base = {**BASE, "optim": {"name": "moga", "lr": 0.05}}
+        return Sweep.from_dict({"base": base, "axes": {"optim.name": ["muon", "moga"], "model.depth": [1], "optim.lr": [0.05]},
+                                "overrides": overrides or {}, "scale_key": "model.depth"})
+
+    pin = {"optim.preset": {"by": "optim.name", "values": {"muon": "moga"}}}
+    old = SweepStore(tmp_path / "old")
+    old.create_or_check(mixed())
+    definition = {k: v for k, v in old.definition().items() if k != "muon_default_preset"}
+    with sqlite3.connect(old.path) as con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'sweep'", (json.dumps(definition),))
+    con.close()
+    assert SweepStore(tmp_path / "old").create_or_check(mixed(pin)) == {"added": 0, "dropped": 0}
+
+    new = SweepStore(tmp_path / "new")
+    new.create_or_check(mixed(pin))
+    with pytest.raises(SweepError, match=r"its Muon cells ran moga's all-geometry Muon.*would now run the published"):
+        SweepStore(tmp_path / "new").create_or_check(mixed())
+    with pytest.raises(SweepError, match=r"its overrides changed"):
+        SweepStore(tmp_path / "new").create_or_check(mixed({**pin, "optim.momentum": {"by": "optim.name", "values": {"muon": 0.9}}}))

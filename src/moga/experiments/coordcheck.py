@@ -43,6 +43,7 @@ from moga.files import save_figure, write_json
 from moga.geometry import parse_geometry
 from moga.models import GPT, ResidualMLP
 from moga.models.init import width_aware_init
+from moga.optim.muon import MUON_DEFAULT, muon_preset
 from moga.optim.registry import OPTIMIZERS as REGISTRY
 from moga.roles import build_plan
 from moga.train.build import refuse_import
@@ -53,7 +54,17 @@ from moga.train.cli import refuse_imports
 QUANTITIES = ("output", "update", "gain", "norm")
 CONTROL = "adamw"  # torch's AdamW: no width factors
 OPTIMIZERS = ("moga", "muon", "adamw-scaled", CONTROL)
-DEFAULT_LR = {"moga": 2**-4, "muon": 0.02, "adamw-scaled": 2**-6, CONTROL: 2**-6}
+# Muon as the width paper defines it (the (2, mean) -> (2, mean) norm on every matrix, so each step has norm lr in
+# its geometry like MOGA's): moga's all-geometry Muon at its lr 0.02. "muon" alone is the published recipe (AdamW
+# on tables, head and vectors) at its own lr 1e-3.
+ARMS = ("moga", "muon:preset=moga", "adamw-scaled", CONTROL)
+DEFAULT_LR = {"moga": 2**-4, "adamw-scaled": 2**-6, CONTROL: 2**-6}
+
+
+def default_lr(optimizer: str) -> float:
+    """An arm's lr: Muon's is its preset's (``muon:preset=moga`` 0.02, ``muon`` the published 1e-3)."""
+    name, options = optimizer_spec(optimizer)
+    return muon_preset(options.get("preset", MUON_DEFAULT)).lr if name == "muon" else DEFAULT_LR[name]
 
 
 @dataclass
@@ -346,7 +357,7 @@ def plot(records: list[Record], path: Path, optimizer: str, depth: int | None = 
 INITS = ("default", "width")
 
 
-def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZERS,
+def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = ARMS,
                widths: Sequence[int] = (64, 128, 256, 512, 1024), depths: Sequence[int] | None = None,
                steps: int = 5, lrs: dict[str, float] | None = None, seed: int = 0, tolerance: float = 0.1,
                init: str = "default") -> tuple[list[Record], list[LayerVerdict]]:
@@ -364,7 +375,7 @@ def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = OPTIMIZE
     build = problem_factory(model)
     records = []
     for optimizer in optimizers:
-        lr = (lrs or {}).get(optimizer, DEFAULT_LR[optimizer_spec(optimizer)[0]])
+        lr = (lrs or {}).get(optimizer, default_lr(optimizer))
         for depth in depths or [None]:
             for width in widths:
                 kwargs = {"width": width, "seed": seed, **({"depth": depth} if depth is not None else {})}
@@ -430,9 +441,10 @@ def _ints(text: str | None) -> list[int] | None:
 def coordcheck_command(
     model: str = typer.Option("residual_mlp", "--model", "-m",
                               help=f"{', '.join(FAMILIES)}, or package.module:factory taking width (and depth)"),
-    optim: str = typer.Option(",".join(OPTIMIZERS), "--optim",
+    optim: str = typer.Option(",".join(ARMS), "--optim",
                               help="comma-separated, each with options if any (moga:vectors=sign;p=2.5); "
-                                   "adamw is the control"),
+                                   "adamw is the control; muon:preset=moga is the papers' all-geometry Muon "
+                                   "(lr 0.02), muon the published one (lr 1e-3)"),
     widths: str = typer.Option("64,128,256,512,1024", help="comma-separated widths"),
     depths: str = typer.Option(None, help="comma-separated depths (default: the model's own)"),
     steps: int = typer.Option(5, min=1, help="optimizer steps per width"),

@@ -2,7 +2,9 @@
 
 ```yaml
 base: residual_mlp.yaml           # a training config (path relative to this file) or an inline mapping
-overrides: {train.steps: 300}     # applied to the base for every cell
+overrides:                        # applied to the base for every cell
+  train.steps: 300
+  optim.preset: {by: optim.name, values: {muon: moga}}   # or to the cells with these values of an axis
 axes:
   optim.name: [adamw, muon, moga]
   model.depth: [2, 8, 32]
@@ -31,7 +33,8 @@ intra-op threads (1 by default), since the thread count changes the order of flo
 and with it the losses.
 
 A cell is the dict of its axis values; its id is a hash of that dict, so the same grid always maps to the
-same run directories.
+same run directories. A dependent override is not an axis: it sets a key on the cells it selects without
+changing their ids (so a sweep can pin, say, Muon's preset and still resume the store it made before).
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class SweepSpec(BaseModel):
 
     name: str | None = Field(None, description="a label for the sweep")
     base: str | dict = Field(description="the training config: a file (relative to the sweep file) or a mapping")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="dotted key -> value for every cell")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="dotted key -> value for every cell, or "
+                                      "{by: AXIS, values: {axis value: value}} for the cells with those values")
     axes: dict[str, Any] = Field(description="dotted key -> values, or a dependent axis {by, values}")
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="cells matching an entry are dropped")
     include: list[dict[str, Any]] = Field(default_factory=list, description="cells run besides the grid, each a "
@@ -179,6 +183,7 @@ class Sweep:
         self.base = base
         self.source = source
         self.cells = self._expand()
+        self._dependent_overrides = self._check_dependent_overrides()
         self._validate_cells()
 
     @classmethod
@@ -208,7 +213,7 @@ class Sweep:
         else:
             base = dict(spec.base)
         try:
-            apply_overrides(base, [f"{k}={json.dumps(v)}" for k, v in spec.overrides.items()])
+            apply_overrides(base, [f"{k}={json.dumps(v)}" for k, v in spec.overrides.items() if not _is_dependent(v)])
         except ConfigError as e:
             raise SweepError(f"overrides: {e}") from None
         return cls(spec, base, source)
@@ -269,6 +274,22 @@ class Sweep:
                 grid_keys.add(cell_id(extra))
         return cells
 
+    def _check_dependent_overrides(self) -> dict[str, DependentAxis]:
+        out = {}
+        for key, raw in self.spec.overrides.items():
+            if not _is_dependent(raw):
+                continue
+            try:
+                dep = DependentAxis.model_validate(raw)
+            except ValidationError as e:
+                raise SweepError(f"overrides: {key} is {{by: AXIS, values: {{axis value: value}}}} "
+                                 f"({e.errors()[0]['msg']})") from None
+            if dep.by not in self.spec.axes or key in self.spec.axes:
+                raise SweepError(f"overrides: {key} depends on {dep.by!r}, which must be an axis, and must not be "
+                                 "an axis itself")
+            out[key] = dep  # values for an axis value no cell has select nothing (a smaller grid may drop an arm)
+        return out
+
     def _validate_cells(self) -> None:
         for cell in self.cells:
             try:
@@ -281,7 +302,9 @@ class Sweep:
 
     def config_dict(self, cell: Mapping) -> dict:
         data = json.loads(json.dumps(self.base))
-        return apply_overrides(data, [f"{k}={json.dumps(v)}" for k, v in cell.items()])
+        selected = {k: dep.values[str(cell.get(dep.by))] for k, dep in self._dependent_overrides.items()
+                    if str(cell.get(dep.by)) in dep.values}
+        return apply_overrides(data, [f"{k}={json.dumps(v)}" for k, v in {**selected, **cell}.items()])
 
     def config(self, cell: Mapping):
         return build_config(self.config_dict(cell))

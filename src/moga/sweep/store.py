@@ -33,7 +33,7 @@ from pathlib import Path
 
 from moga.files import UnsafeFile, read_only, refuse_symlinks
 from moga.optim.multipliers import PAPER, Preset, preset_options
-from moga.optim.muon import MUON_DEFAULT
+from moga.optim.muon import MUON_DEFAULT, MUON_PRESETS
 from moga.status import DONE, Status
 from moga.sweep.spec import CELL_ID, Sweep, SweepError, SweepSpec, canonical, cell_id
 
@@ -114,8 +114,14 @@ def incompatible(stored: dict, sweep: Sweep) -> str | None:
         return f"its base config changed: {', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''}"
     old = SweepSpec.model_validate(stored["spec"]).model_dump(mode="json")
     new = sweep.spec.model_dump(mode="json")
+    if "muon" in optimizers:
+        was, now = _muon_runs(stored, old), _muon_runs(sweep.to_dict(), new)
+        if was != now:
+            return f"its Muon cells ran {was.describe}, and would now run {now.describe}"
+    if _without_muon_preset(old["overrides"]) != _without_muon_preset(new["overrides"]):
+        return "its overrides changed"
     for key in sorted(set(old) | set(new)):
-        if key not in EXTENSIBLE and key != "base" and old.get(key) != new.get(key):
+        if key not in EXTENSIBLE and key not in ("base", "overrides") and old.get(key) != new.get(key):
             return f"its {key} changed"
     if set(old["axes"]) != set(new["axes"]):  # as sets: the stored copy has its keys sorted
         return f"its axes changed from {sorted(old['axes'])} to {sorted(new['axes'])}"
@@ -136,6 +142,28 @@ def _muon_changed(stored: dict, sweep: Sweep) -> str | None:
     return ("Muon's default became the published recipe (AdamW on tables, head and vectors) since it was stored, "
             "and its finished Muon cells ran moga's all-geometry Muon (optim.preset: moga on every Muon cell runs "
             "what they ran)")
+
+
+def _muon_preset_override(overrides: dict) -> str | None:
+    """The preset a dependent override ``optim.preset: {by: optim.name, values: {muon: NAME}}`` gives Muon's cells
+    alone, else None."""
+    dep = overrides.get("optim.preset")
+    if isinstance(dep, dict) and dep.get("by") == "optim.name" and set(dep.get("values", {})) == {"muon"}:
+        return dep["values"]["muon"]
+    return None
+
+
+def _without_muon_preset(overrides: dict) -> dict:
+    """The overrides but Muon's preset, which is compared by what it runs (:func:`_muon_runs`)."""
+    return {k: v for k, v in overrides.items() if k != "optim.preset" or _muon_preset_override(overrides) is None}
+
+
+def _muon_runs(definition: dict, spec: dict):
+    """What a sweep definition's Muon cells run (outside an optim.preset axis): the preset its overrides give
+    them, else its base's, where MOGA's names (and none) run Muon's default when it was stored."""
+    default = definition.get("muon_default_preset", "moga")
+    name = _muon_preset_override(spec["overrides"]) or (definition["base"].get("optim") or {}).get("preset")
+    return MUON_PRESETS.get(name or default, MUON_PRESETS[default])
 
 
 def _optimizers(sweep: Sweep) -> set[str]:

@@ -39,7 +39,7 @@ from moga.sweep.report.summary import json_safe
 from moga.sweep.report.verdict import MAX_REGRET
 from moga.sweep.results import records
 from moga.sweep.seeds import run_until_decided, stored_include
-from moga.sweep.spec import Sweep
+from moga.sweep.spec import Sweep, optimizer_labels
 from moga.sweep.store import SweepStore
 
 OUTCOMES = ("held", "failed", "inconclusive", "undecided")
@@ -193,26 +193,38 @@ def _transfer(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
     write_report(rows, out / "report", scale_key=scale_key, title=f"{rep.name}: {rep.claim}",
                  group_keys=rep.group_keys, formats=("png",), max_regret=max_regret)
     summary = json.loads((out / "report" / "summary.json").read_text())
-    return {**verdict_fields(rep.expect, summary["metrics"].get("train_loss", [])),
+    return {**verdict_fields(rep.expect, summary["metrics"].get("train_loss", []), optimizer_labels(sweep)),
             "report": str(out / "report" / "report.md"),
             "analysis": {"scale_key": scale_key, "group_keys": rep.group_keys, "metric": "train_loss",
                          "max_regret": max_regret},
             "cells": stored_cells(rows, scale_key, rep.group_keys)}
 
 
-def verdict_fields(expect: list[dict], panels: list[dict]) -> dict:
-    """An outcome's verdict fields (outcome, key, details, unclaimed, panels) from its panels' summaries."""
+def verdict_fields(expect: list[dict], panels: list[dict], arms: dict[str, str] | None = None) -> dict:
+    """An outcome's verdict fields (outcome, key, details, unclaimed, panels) from its panels' summaries; ``arms``
+    ({optimizer: :func:`moga.sweep.spec.arm_label`}) names in each panel's title which Muon and MOGA ran."""
+    panels = [_named(p, arms or {}) for p in panels]
     verdicts = [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"]}
                 for p in panels]
     outcome, lines = judge_panels(expect, verdicts)
     others = [f"{v['title']}: {v['line']}" for v in verdicts
               if not any(all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in expect)]
     return {"outcome": outcome, "key": key_number(expect, panels), "details": lines, "unclaimed": others,
+            **({"arms": arms} if arms else {}),
             "panels": [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"],
                         "decision": p.get("decision")} for p in panels]}
 
 
 CELL_KEYS = ("scale", "lr", "seed", "status", "train_loss", "val_loss")
+
+
+def _named(panel: dict, arms: dict[str, str]) -> dict:
+    """The panel with its title's leading optimizer name replaced by its arm, "muon" -> "muon (moga preset)"."""
+    name = panel["panel"].get("optimizer")
+    label = arms.get(name)
+    if not label or label == name or not panel["title"].startswith(name):
+        return panel
+    return {**panel, "title": label + panel["title"][len(name):]}
 
 
 def stored_cells(rows: list[dict], scale_key: str, group_keys) -> list[dict]:
@@ -248,7 +260,7 @@ def rejudge(outcome: dict, expect: list[dict]) -> dict:
                                                           for j in joint])}
     panels = analyze(outcome["cells"], scale_key=a["scale_key"], metric=a["metric"], group_keys=a["group_keys"],
                      max_regret=a["max_regret"])
-    return {**outcome, **verdict_fields(expect, [p.to_dict() for p in panels])}
+    return {**outcome, **verdict_fields(expect, [p.to_dict() for p in panels], outcome.get("arms"))}
 
 
 def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
