@@ -9,8 +9,9 @@ how far the two steps are apart. Three numbers per matrix:
   row is strictly diagonally dominant; for i.i.d. Gaussian entries it falls like ``sqrt(n) / m``);
 - ``gram_coherence``: the root mean square over pairs ``i != j`` of the rows' cosine ``G_ij / sqrt(G_ii G_jj)``
   (0 for orthogonal rows; about ``1 / sqrt(n)`` for i.i.d. Gaussian entries);
-- ``cosine``: the Frobenius cosine between the row-normalized ``M`` and its exact polar factor (from an SVD),
-  the two directions' agreement itself (1 when they coincide); the geometries' scale factors do not change it.
+- ``cosine``: the Frobenius cosine between the row-normalized ``M`` and its exact polar factor (from an SVD,
+  on M's range), the two directions' agreement itself (1 when they coincide); the geometries' scale factors
+  do not change it.
 
 Rows that are zero (a token never seen, a dead unit) have no direction and are left out of all three.
 """
@@ -22,6 +23,7 @@ import math
 import torch
 
 from moga.layout import resolve_layout
+from moga.orthogonalize import svd_polar
 
 
 def row_polar_alignment(m: torch.Tensor) -> dict[str, float]:
@@ -40,8 +42,7 @@ def row_polar_alignment(m: torch.Tensor) -> dict[str, float]:
     dominance = (diag.abs() / off).mean().item() if rows > 1 else math.inf
     corr = gram / torch.sqrt(diag[:, None] * diag[None, :])
     coherence = math.sqrt(((corr ** 2).sum() - rows).clamp_min(0).item() / (rows * (rows - 1))) if rows > 1 else 0.0
-    u, _, vh = torch.linalg.svd(m, full_matrices=False)
-    polar = u @ vh
+    polar = svd_polar(m)  # on M's range, as Newton-Schulz makes it (zero singular values stay zero)
     row_dir = m / m.norm(dim=1, keepdim=True)
     cosine = ((row_dir * polar).sum() / (row_dir.norm() * polar.norm())).item()
     return {"gram_dominance": dominance, "gram_coherence": coherence, "cosine": cosine}

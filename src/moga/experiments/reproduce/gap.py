@@ -87,7 +87,7 @@ def _stage(spec: dict, full: Sweep, width, widths: list, narrow: dict, include: 
                                 scale_key: w, lr_key: lr})
     staged = {**spec, "exclude": exclude}
     staged.pop("include", None)
-    ids = {cell_id(c) for c in Sweep.from_dict(staged).cells}
+    ids = {cell_id(c) for c in full.cells if not any(all(_same(c.get(k), v) for k, v in e.items()) for e in exclude)}
     axes = list(spec["axes"])
     kept = [c for c in include if cell_id({k: c.get(k) for k in axes}) in ids]  # the seeds of the widths so far
     return Sweep.from_dict({**staged, **({"include": kept} if kept else {})})
@@ -174,9 +174,14 @@ def judge(rep, sweep, out: Path, max_regret: float = 0.0, partial: bool = False)
     cells = [{**{k: r.get(k) for k in g["panel_keys"]}, "contender": r[g["contender_key"]], "scale": r[scale_key],
               "lr": float(r[sweep.spec.lr_key]), "seed": r.get("seed", 0), "status": r["status"],
               "train_loss": r["train_loss"], "cell": r["cell"]} for r in rows]
-    analysis = {"gap": True, "subject": g["subject"], "baseline": g["baseline"], "panel_keys": list(g["panel_keys"]),
-                "group_keys": [*g["panel_keys"], "contender"], "scale_key": scale_key,
-                "margin": float(g.get("margin", MARGIN)), "contender_key": g["contender_key"]}
+    keys = list(g["panel_keys"])
+    expected = sorted({json.dumps({k: c.get(k) for k in keys}) for c in sweep.cells})
+    analysis = {"gap": True, "subject": g["subject"], "baseline": g["baseline"], "panel_keys": keys,
+                "group_keys": [*keys, "contender"], "scale_key": scale_key,
+                "margin": float(g.get("margin", MARGIN)), "contender_key": g["contender_key"],
+                # what the claim names: a store without all of it is partial and decides nothing
+                "expected": {"panels": [json.loads(e) for e in expected],
+                             "widths": sorted(sweep.spec.axes[scale_key])}}
     fields = verdict_fields(cells, analysis)
     fields["alignment"] = alignment(store, fields["widths"], cells, analysis)
     report = Path(out) / "report"
@@ -222,7 +227,7 @@ def analyze_cells(cells: list[dict], analysis: dict, resamples: int = RESAMPLES)
 
 
 def _panel(where: dict, entries: list[dict], margin: float, resamples: int) -> dict:
-    title = ", ".join(str(v).rsplit(":", 1)[-1] for v in where.values())
+    title = _title(where, list(where))
     panel = {"panel": where, "title": title, "widths": [e["scale"] for e in entries]}
     if len(entries) < 2:
         return {**panel, "verdict": "no verdict", "line": f"{len(entries)} width(s) judged; a slope needs 2 or more"}
@@ -280,8 +285,33 @@ def verdict_fields(cells: list[dict], analysis: dict) -> dict:
     details += [_describe(w) for w in widths]
     key = "; ".join(f"{p['title']}: slope {_pct(p['slope'])}/doubling [{_pct(p['slope_low'])}, "
                     f"{_pct(p['slope_high'])}], {p['verdict']}" for p in panels if "slope" in p)
+    missing = _missing(widths, analysis)
+    if missing:  # the widths that ran say something; the claim, about every width it names, is not decided
+        outcome = "inconclusive"
+        text = "; ".join(f"{t} {', '.join(map(str, ws))}" for t, ws in missing.items())
+        key = f"partial (not yet run: {text})" + (f"; {key}" if key else "")
+        details.insert(0, f"[partial] widths not yet run: {text}")
     return {"outcome": outcome, "key": key, "details": details, "unclaimed": [], "panels": _finite(panels),
-            "widths": _finite(widths)}
+            "widths": _finite(widths), "partial": {"missing": missing} if missing else None}
+
+
+def _missing(widths: list[dict], analysis: dict) -> dict[str, list]:
+    """{model: widths the claim names that have no gap yet}."""
+    expected = analysis.get("expected")
+    if not expected:
+        return {}
+    keys = analysis["panel_keys"]
+    out = {}
+    for panel in expected["panels"]:
+        done = {w["scale"] for w in widths if "gap" in w and all(_same(w.get(k), v) for k, v in panel.items())}
+        lacking = [w for w in expected["widths"] if w not in done]
+        if lacking:
+            out[_title(panel, keys)] = lacking
+    return out
+
+
+def _title(panel: dict, keys) -> str:
+    return ", ".join(str(panel[k]).rsplit(":", 1)[-1] for k in keys)
 
 
 def _describe(w: dict) -> str:
