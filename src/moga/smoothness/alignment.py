@@ -26,11 +26,11 @@ from moga.layout import resolve_layout
 from moga.orthogonalize import svd_polar
 
 
-def row_polar_alignment(m: torch.Tensor) -> dict[str, float]:
-    """``gram_dominance``, ``gram_coherence`` and ``cosine`` of one matrix (float64 arithmetic)."""
+def row_polar_alignment(m: torch.Tensor, dtype: torch.dtype = torch.float64) -> dict[str, float]:
+    """``gram_dominance``, ``gram_coherence`` and ``cosine`` of one matrix, computed in ``dtype``."""
     if m.ndim != 2:
         raise ValueError(f"row_polar_alignment takes one matrix, got shape {tuple(m.shape)}")
-    m = m.detach().to(torch.float64)
+    m = m.detach().to(dtype)
     norms = m.norm(dim=1)
     m = m[norms > 0]
     if m.shape[0] == 0:
@@ -48,7 +48,8 @@ def row_polar_alignment(m: torch.Tensor) -> dict[str, float]:
     return {"gram_dominance": dominance, "gram_coherence": coherence, "cosine": cosine}
 
 
-def hidden_alignment(optimizer, role: str = "hidden", buffer: str = "momentum_buffer") -> dict:
+def hidden_alignment(optimizer, role: str = "hidden", buffer: str = "momentum_buffer",
+                     dtype: torch.dtype = torch.float64) -> dict:
     """:func:`row_polar_alignment` of every ``role`` matrix's momentum buffer in a geometry optimizer (its
     param groups carry ``role`` and ``layout``); a stack of matrices counts each. Returns the per-matrix rows
     (``shape`` and the three numbers) and their means; empty when no such buffer exists yet."""
@@ -61,7 +62,7 @@ def hidden_alignment(optimizer, role: str = "hidden", buffer: str = "momentum_bu
             if buf is None or buf.ndim < 2:
                 continue
             for mat in resolve_layout(group.get("layout"), buf).to_matrix(buf):
-                layers.append({"shape": list(mat.shape), **row_polar_alignment(mat)})
+                layers.append({"shape": list(mat.shape), **row_polar_alignment(mat, dtype)})
     keys = ("gram_dominance", "gram_coherence", "cosine")
     means = {k: _mean([r[k] for r in layers]) for k in keys}
     return {**means, "matrices": len(layers), "layers": layers}

@@ -304,7 +304,9 @@ def _missing(widths: list[dict], analysis: dict) -> dict[str, list]:
     out = {}
     for panel in expected["panels"]:
         done = {w["scale"] for w in widths if "gap" in w and all(_same(w.get(k), v) for k, v in panel.items())}
-        lacking = [w for w in expected["widths"] if w not in done]
+        named = expected["widths"]  # every panel's, or {panel title: its widths}
+        named = named.get(_title(panel, keys), []) if isinstance(named, dict) else named
+        lacking = [w for w in named if w not in done]
         if lacking:
             out[_title(panel, keys)] = lacking
     return out
@@ -383,7 +385,7 @@ def table(fields: dict) -> str:
                   "|---|---|---|---|---|---|---|"]
         for a in fields["alignment"]:
             model = " ".join(str(v).rsplit(":", 1)[-1] for k, v in a.items()
-                             if k not in ("scale", "contender", "step", "seeds", *ALIGNMENT_KEYS))
+                             if k not in ("scale", "contender", "step", "seeds", "matrices", *ALIGNMENT_KEYS))
             lines.append(f"| {model} | {a['scale']} | {a['contender']} | {a['step']} | {_num(a['gram_dominance'])} | "
                          f"{_num(a['gram_coherence'])} | {_num(a['cosine'])} |")
     return "\n".join(lines)
@@ -412,3 +414,56 @@ def _finite(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
+
+
+# --- a store that is still running ------------------------------------------------------------------------
+
+def store_outcome(out: Path, scale: str = "cpu", name: str = "gap-width") -> dict:
+    """The outcome of what ``out`` holds now (read only: its runner may still be going), in the form
+    ``moga reproduce`` stores, marked ``partial`` with the widths not yet run."""
+    from moga.experiments.reproduce.catalog import get
+    from moga.experiments.reproduce.clock import FILE, _seconds
+
+    rep = get(name)
+    outcome = judge(rep, rep.sweep(scale), Path(out))
+    counts = SweepStore(out).counts()
+    outcome.update(runs={str(k): v for k, v in counts.items() if v}, data=rep.sweep(scale).base["data"].get("name"),
+                   name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
+                   command=f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
+                                                           " --scale paper" if scale == "paper" else ""),
+                   seconds=_seconds(Path(out) / FILE), max_regret=0.0)
+    return _finite(outcome)
+
+
+def cells_outcome(path: Path) -> dict:
+    """The verdict fields of a cells file (``scripts/gpu_gap.py``'s ``gap-cells.json``: cells in the stored
+    form, what the run meant to cover, its setup), and its alignment records per model, width and contender."""
+    raw = json.loads(Path(path).read_text())
+    analysis = {"gap": True, "subject": "row(p=2)", "baseline": "spectral", "panel_keys": ["model.name"],
+                "group_keys": ["model.name", "contender"], "scale_key": "model.n_embd", "margin": MARGIN,
+                "contender_key": "optim.geometries.hidden", "expected": raw.get("expected")}
+    fields = verdict_fields(raw["cells"], analysis)
+    fields["alignment"] = [{"model.name": c["model.name"], "scale": c["scale"], "contender": c["contender"],
+                            "step": raw.get("setup", {}).get("steps"), "seeds": 1, **c["alignment"]}
+                           for c in raw["cells"] if c.get("alignment")]
+    return {**fields, "analysis": analysis, "cells": raw["cells"], "setup": raw.get("setup"),
+            "skipped": raw.get("skipped", [])}
+
+
+USAGE = ("usage: python -m moga.experiments.reproduce.gap judge OUT [quick|cpu|paper] [--write FILE]\n"
+         "       python -m moga.experiments.reproduce.gap cells CELLS_JSON [--write FILE]")
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    target = None
+    if len(args) >= 2 and args[-2] == "--write":
+        args, target = args[:-2], Path(args[-1])
+    if args[:1] == ["judge"] and len(args) in (2, 3):
+        result = store_outcome(Path(args[1]), *args[2:])
+    elif args[:1] == ["cells"] and len(args) == 2:
+        result = cells_outcome(Path(args[1]))
+    else:
+        raise SystemExit(USAGE)
+    if target is not None:
+        target.write_text(json.dumps(_finite(result), indent=1) + "\n")
+    print("\n".join([f"{result['outcome'].upper()}: {result['key']}", *result["details"], "", table(result)]))
