@@ -34,6 +34,7 @@ from moga.experiments.reproduce.quality import LEVEL, RESAMPLES, _mean, _same, b
 from moga.sweep.results import records
 from moga.sweep.seeds import stored_include
 from moga.sweep.spec import Sweep, cell_id
+from moga.status import Status
 from moga.sweep.store import SweepStore
 from moga.train import read_metrics
 
@@ -165,12 +166,13 @@ def _seeds(out: Path, full: Sweep, width, g: dict, min_seeds: int) -> list[dict]
 
 # --- judging ----------------------------------------------------------------------------------------------
 
-def judge(rep, sweep, out: Path, max_regret: float = 0.0, partial: bool = False) -> dict:
-    """The ``gap`` kind for :func:`moga.experiments.reproduce.run.reproduce` (``max_regret`` is unused)."""
+def judge(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
+    """The ``gap`` kind for :func:`moga.experiments.reproduce.run.reproduce` (``max_regret`` is unused);
+    ``skip``: widths left out (a stage still running)."""
     g = settings(rep, _scale_of(sweep))
     store = SweepStore(out)
-    rows = records(store)
     scale_key = sweep.spec.scale_key
+    rows = [r for r in records(store) if r[scale_key] not in skip]
     cells = [{**{k: r.get(k) for k in g["panel_keys"]}, "contender": r[g["contender_key"]], "scale": r[scale_key],
               "lr": float(r[sweep.spec.lr_key]), "seed": r.get("seed", 0), "status": r["status"],
               "train_loss": r["train_loss"], "cell": r["cell"]} for r in rows]
@@ -425,8 +427,13 @@ def store_outcome(out: Path, scale: str = "cpu", name: str = "gap-width") -> dic
     from moga.experiments.reproduce.clock import FILE, _seconds
 
     rep = get(name)
-    outcome = judge(rep, rep.sweep(scale), Path(out))
-    counts = SweepStore(out).counts()
+    sweep = rep.sweep(scale)
+    store = SweepStore(out)
+    running = sorted({c["params"][sweep.spec.scale_key] for c in store.cells()  # a stage not yet through
+                      if c["status"] in (Status.PENDING, Status.RUNNING)})
+    outcome = judge(rep, sweep, Path(out), skip=running)
+    outcome["running"] = running  # beside the verdict fields, which a recheck recomputes from the cells
+    counts = store.counts()
     outcome.update(runs={str(k): v for k, v in counts.items() if v}, data=rep.sweep(scale).base["data"].get("name"),
                    name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
                    command=f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
