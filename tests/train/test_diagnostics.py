@@ -102,3 +102,27 @@ def test_diagnostics_leave_a_gpt_with_dropout_on_its_trajectory(tmp_path, text_f
     records = read_metrics(tmp_path / "diag" / "metrics.jsonl", "diagnostics")
     assert [r["step"] for r in records] == [1, 2, 4]
     assert all(math.isfinite(x["update_over_lr"]) for x in records[-1]["layers"])
+
+
+def test_alignment_records_read_the_hidden_momentum_and_leave_the_trajectory_alone(tmp_path, text_file):
+    from .conftest import gpt_config
+
+    before = torch.get_num_threads()  # Newton-Schulz on tiny stacked matrices: 2 OpenMP threads on a loaded
+    torch.set_num_threads(1)  # 2-core machine took seconds a call (0.5 ms on one thread)
+    try:
+        _alignment_run(tmp_path, text_file, gpt_config)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _alignment_run(tmp_path, text_file, gpt_config):
+    spectral = {"name": "moga", "lr": 0.05, "geometries": {"hidden": "spectral"}}
+    run(gpt_config(text_file, optim=spectral, train={"steps": 4}), tmp_path / "plain")
+    run(gpt_config(text_file, optim=spectral, train={"steps": 4}, logging={"alignment_every": 2}), tmp_path / "align")
+    assert same_tensors(final_model(tmp_path / "plain"), final_model(tmp_path / "align"))
+    records = read_metrics(tmp_path / "align" / "metrics.jsonl", "alignment")
+    assert [r["step"] for r in records] == [2, 4]
+    for r in records:  # 2 blocks x (qkv, attention out, MLP in, MLP out)
+        assert r["matrices"] == 8 and len(r["layers"]) == 8
+        assert 0 < r["cosine"] <= 1 and 0 <= r["gram_coherence"] <= 1 and r["gram_dominance"] > 0
+    assert build_config(tiny(logging={"alignment_every": 5})).hash() == build_config(tiny()).hash()

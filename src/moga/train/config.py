@@ -354,6 +354,9 @@ class LoggingConfig(_Section):
                                    "(0: off): update norm, gradient dual norm and ||W|| in each layer's geometry, "
                                    "trajectory smoothness; two extra forward-backward passes each. "
                                    "Plot: moga smoothness diagnostics RUN_DIR")
+    alignment_every: int = Field(0, ge=0, description="every N steps (0: off), one 'alignment' record of the "
+                                 "hidden matrices' momentum: how close row normalization is to "
+                                 "orthogonalization (moga.smoothness.alignment); reads the optimizer's state only")
     progress: bool = Field(True, description="print the progress line")
     tensorboard: bool = Field(False, description="also log to TensorBoard (needs the tensorboard package)")
     wandb: bool = Field(False, description="also log to Weights & Biases (needs wandb; offline unless "
@@ -389,6 +392,7 @@ class RunConfig(_Section):
                              f"got {self.train.parallel!r}")
         if self.train.parallel == "fsdp":
             unsupported = [k for k, on in (("logging.diagnostics_every", self.logging.diagnostics_every),
+                                           ("logging.alignment_every", self.logging.alignment_every),
                                            ("optim.step_rule=depth_paper", self.optim.step_rule != "lr"),
                                            ("optim.name=adaptive-gd", self.optim.name == "adaptive-gd"))
                            if on]

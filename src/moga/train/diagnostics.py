@@ -13,6 +13,9 @@ BatchNorm statistic moves and ``.grad`` is left alone (a test checks the traject
   ``||grad(W_{t+1}) - grad(W_t)||_* / ||W_{t+1} - W_t||``; and the same for the whole block, with the
   Frobenius norm of all its weights (the convergence paper's ``||W_t||``). Plot with
   ``moga smoothness diagnostics RUN_DIR`` (:func:`moga.experiments.smoothness.plots.plot_diagnostics`).
+- ``logging.alignment_every = N``: every N steps, one ``"alignment"`` record: per hidden matrix, the
+  momentum's Gram dominance, row coherence and the cosine between its row-normalized and orthogonalized
+  directions (:mod:`moga.smoothness.alignment`). It reads the optimizer's state only: no probe, no RNG.
 - ``optim.step_rule = "depth_paper"``: ``lr_t = min(schedule lr, ||G_t||_block,* / L_t)`` with ``G_t`` the
   step's gradient (docs/math.md §5.5: ``eta* = ||grad||_* / L``): the schedule's lr (``optim.lr``
   times its factor) is a cap. ``L_t`` is ``optim.smoothness`` when it is a number, else a running estimate of
@@ -36,9 +39,16 @@ import torch
 from moga.optim.adaptive import global_norm
 from moga.optim.multipliers import base_lr
 from moga.smoothness import BlockGeometry, RunningSmoothness, layer_diagnostics, probe, trajectory_smoothness
+from moga.smoothness.alignment import hidden_alignment
 
 TRIAL_STEP = 1e-3  # block norm of the first, undone, step that gives L_0 (the weights are O(1) in these norms)
 EMA_BETA = 0.9
+
+
+def alignment_record(optimizer, step: int, epoch: float) -> dict:
+    """``logging.alignment_every``: row normalization against orthogonalization on the hidden matrices'
+    momentum (:func:`moga.smoothness.alignment.hidden_alignment`); empty for optimizers without roles."""
+    return {"type": "alignment", "step": step, "epoch": epoch, **hidden_alignment(optimizer)}
 
 
 class StepInstruments:

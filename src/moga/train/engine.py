@@ -49,7 +49,7 @@ from .checkpoint import (
     set_rng_state
 )
 from .config import RunConfig, as_config, dump_yaml, hash_diff, json_float
-from .diagnostics import StepInstruments
+from .diagnostics import StepInstruments, alignment_record
 from .metrics import MetricsLog, TensorBoardSink, WandbSink, progress_line
 from .schedule import build_schedule
 from .tasks import build_task
@@ -388,6 +388,8 @@ class Trainer:
             diagnostics = self.instruments.after_step(self.step, self._epoch())
             if diagnostics is not None:
                 self.log.write(diagnostics)
+            if cfg.logging.alignment_every and self.step % cfg.logging.alignment_every == 0:
+                self.log.write(alignment_record(self.optimizer, self.step, self._epoch()))
             self.optimizer.zero_grad(set_to_none=True)
             self.window.append(loss)
             self.since_log.append(loss)

@@ -119,7 +119,7 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     assert set(stored["ratios"]) == {"moga (default preset)", "moga (paper preset)"}
 
     table = results_table(load_outcomes(runs))
-    assert table.count("\n") == 2 + 8  # header, rule, nine claims
+    assert table.count("\n") == 2 + 9  # header, rule, ten claims
     assert f"not run at CPU scale here; `--quick`: {out['outcome']}" in table
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n## Paper claims\n{START}\nSTALE TABLE\n{END}\nrest\n")

@@ -23,14 +23,17 @@ import yaml
 from torch import nn
 
 from moga.experiments.smoothness.convergence import convergence_settings
+from moga.geometry import parse_geometry
+from moga.layout import resolve_layout
 from moga.models import GPT
+from moga.roles import build_plan
 from moga.sweep.spec import Sweep
 from moga.train.build import build_model
 from moga.train.config import build_config
 
 CONFIGS = Path(__file__).parent / "configs"
 SCALES = ("quick", "cpu", "paper")
-KINDS = ("transfer", "joint", "race", "convergence", "quality", "tune")
+KINDS = ("transfer", "joint", "race", "convergence", "quality", "gap", "tune")
 # Calibrated on `moga demo` (108 residual-MLP runs, 1.4e13 training FLOPs), which took 420 s with 2 workers on
 # a quiet 2-core CPU; this model gives it 8 minutes. Used for estimates only.
 CPU_FLOPS_PER_CORE = 20e9
@@ -137,7 +140,8 @@ def catalog() -> dict[str, Reproduction]:
         if raw["kind"] not in KINDS:
             raise ReproduceError(f"{path.name}: kind must be one of {KINDS}, got {raw['kind']!r}")
         out[raw["name"]] = Reproduction(raw["name"], raw["paper"], str(raw["figure"]), raw["claim"], raw["kind"], raw)
-    order = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality", "tune"]
+    order = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality",
+             "gap-width", "tune"]
     return {n: out[n] for n in sorted(out, key=lambda n: order.index(n) if n in order else len(order))}
 
 
@@ -175,9 +179,26 @@ def cell_cost(config) -> dict:
         flops += 12 * m.get("n_layer", 1) * d.block_size * m.get("n_embd", 0) * per_step * steps
     if config.model.name == "resnet":  # convolutions: params x output positions, not params
         flops = 6 * _conv_macs(model, inputs) * batch * steps
+    flops += steps * orthogonalization_flops(model, config.optim.geometries or {})
     depth = getattr(model, "depth", 1) or 1
     seconds = flops / CPU_FLOPS_PER_CORE + steps * STEP_OVERHEAD_S * depth + CELL_OVERHEAD_S
     return {"params": params, "flops": float(flops), "steps": steps, "seconds": seconds}
+
+
+def orthogonalization_flops(model, geometries: dict) -> float:
+    """One step's Newton-Schulz work on the roles ``geometries`` sets to spectral: per matrix (a x b, a <= b)
+    ``steps`` iterations of ``X X^T`` (2 a^2 b), ``A A`` (2 a^3) and ``B X`` (2 a^2 b)."""
+    roles = {role: parse_geometry(spec) for role, spec in geometries.items() if spec.startswith("spectral")}
+    if not roles:
+        return 0.0
+    total = 0.0
+    for e in build_plan(model, geometries).entries:
+        if e.role in roles:
+            lay = resolve_layout(e.layout, e.param)
+            m, n = lay.fan_out(e.shape), lay.fan_in(e.shape)
+            a, b = min(m, n), max(m, n)
+            total += e.param.numel() // (m * n) * roles[e.role].steps * (4 * a * a * b + 2 * a ** 3)
+    return float(total)
 
 
 def data_inputs(config) -> tuple[dict, int]:
@@ -234,24 +255,32 @@ def estimate(rep: Reproduction, scale: str = "cpu", cores: int = 2, min_seeds: i
     curves: dict[str, tuple[int, float]] = {}  # cells that differ only in lr and seed (one curve of one panel at
     # one scale): how many, and the cost of one (they train the same model for the same steps)
     for c in sweep.cells:  # cells that differ only in optimizer settings or seed cost the same: one model each
-        key = json.dumps({k: v for k, v in c.items() if not k.startswith("optim.") and k != "seed"}, sort_keys=True)
+        key = json.dumps({k: v for k, v in c.items() if (not k.startswith("optim.") or k.startswith("optim.geometries"))
+                          and k != "seed"}, sort_keys=True)
         if key not in seen:
             seen[key] = cell_cost(sweep.config(c))
         costs.append(seen[key])
         curve = json.dumps({k: v for k, v in c.items() if k not in ("optim.lr", "seed")}, sort_keys=True)
         curves[curve] = (curves.get(curve, (0, 0.0))[0] + 1, seen[key]["seconds"])
+    cells, seconds_total = len(sweep.cells), sum(c["seconds"] for c in costs) / cores
+    if rep.kind == "gap":  # from narrow_from on, 3 rates per curve (a width's cells: moga.experiments.reproduce.gap)
+        narrow = {**rep.raw.get("gap", {}), **rep.scale(scale).get("gap", {})}.get("narrow_from", math.inf)
+        key = sweep.spec.scale_key
+        curves = {k: (min(n, 3) if json.loads(k)[key] >= narrow else n, s) for k, (n, s) in curves.items()}
+        cells = sum(n for n, _ in curves.values())
+        seconds_total = sum(n * s for n, s in curves.values()) / cores
     seed_cells, seed_seconds = [0, 0], [0.0, 0.0]
     for count, seconds in curves.values():
         if rep.kind in ("transfer", "joint"):
             added = [min(r, count) * (n - 1) for r, n in zip(DECISIVE_RATES, (min_seeds, max_seeds))]
-        elif rep.kind == "race":  # one curve per contender and budget; its best rate gets the seeds
+        elif rep.kind in ("race", "gap"):  # one curve per contender and budget or width; its best rate gets the seeds
             added = [min_seeds - 1] * 2
         else:  # quality: the grid already has its seeds
             added = [0, 0]
         for i in (0, 1):
             seed_cells[i] += added[i]
             seed_seconds[i] += added[i] * seconds / cores
-    return {"cells": len(sweep.cells), "seconds": sum(c["seconds"] for c in costs) / cores,
+    return {"cells": cells, "seconds": seconds_total,
             "flops": sum(c["flops"] for c in costs), "seed_cells": tuple(seed_cells),
             "seed_seconds": tuple(seed_seconds)}
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from moga.experiments.reproduce import quality, tune_claim
+from moga.experiments.reproduce import gap, quality, tune_claim
 from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
 from moga.experiments.reproduce.clock import ClaimClock
 from moga.experiments.reproduce.race import contender_arms, judge_race, race_seeds
@@ -74,7 +74,9 @@ def _run_and_judge(rep: Reproduction, out: Path, scale: str, workers: int, execu
         run = lambda sw: run_sweep(sw, out, workers=workers, executor=executor,  # noqa: E731
                                    ray_address=ray_address, progress=progress, retry_failed=True)
         make = lambda include: _sweep(rep, scale, data, include)  # noqa: E731
-        if rep.kind in ("transfer", "joint"):
+        if rep.kind == "gap":  # width by width, narrow grids and seeds where cells are dear (.gap)
+            sweep, counts = gap.run_staged(rep, scale, data, out, run, min_seeds)
+        elif rep.kind in ("transfer", "joint"):
             # a joint sweep takes its seeds from the one-axis panels (a curve per width at each depth): every
             # pair's argmin and neighbours, and the rates around each depth's reference optimum
             keys = rep.sweep(scale, data).spec.all_scale_keys
@@ -90,7 +92,8 @@ def _run_and_judge(rep: Reproduction, out: Path, scale: str, workers: int, execu
                 include += extra
                 sweep = make(include)
                 counts = run(sweep)
-        judge = {"transfer": _transfer, "joint": _joint, "race": _race, "quality": quality.judge}[rep.kind]
+        judge = {"transfer": _transfer, "joint": _joint, "race": _race, "quality": quality.judge,
+                 "gap": gap.judge}[rep.kind]
         outcome = judge(rep, sweep, out, max_regret)
         outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
         outcome["data"] = sweep.base["data"].get("name")
@@ -253,6 +256,8 @@ def rejudge(outcome: dict, expect: list[dict]) -> dict:
     if outcome.get("kind") == "tune":
         return {**outcome, **tune_claim.target_fields(outcome["targets"], outcome["goal"])}
     a = outcome["analysis"]
+    if a.get("gap"):
+        return gap.rejudge(outcome)
     if "scale_keys" in a:  # joint: the tuning FLOPs saved come from the sweep's cost model, not from cells
         saved = {json.dumps(p["panel"], sort_keys=True): p.get("tuning_flops_saved") for p in outcome["panels"]}
         joint = analyze_joint_cells(outcome["cells"], a)

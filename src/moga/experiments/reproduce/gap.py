@@ -1,0 +1,476 @@
+"""The gap's trend in width: ``moga reproduce gap-width`` (kind ``gap``).
+
+Two contenders differ in one axis (``gap.contender_key``: the hidden matrices' geometry, row(2) against the
+orthogonalized step; every other role MOGA's default), each at its own tuned lr, per model (``panel_keys``)
+and width. How it runs (:func:`run_staged`), width by width from the smallest, so a partial store has whole
+widths: the lr grid with seed 0; then ``min_seeds`` seeds at each contender's best rate. From ``narrow_from``
+on (widths whose cells cost tens of CPU minutes) only the three rates around the contender's best rate at the
+next smaller width run (its transferred optimum, one grid step either side), widened a step at a time while
+the best sits on the narrow grid's edge and the configured grid goes further.
+
+How it is judged (:func:`analyze_cells`, from the stored cells alone, so a stored outcome rechecks): per model
+and width the **gap** is the subject's seed-mean final training loss over the baseline's, minus 1, each at its
+best rate, with a 95% bootstrap interval resampling seeds within each side (:func:`relative_interval`); the
+**slope** is the least-squares slope of the gap against log2(width), its interval from the same resamples at
+every width at once. A model's verdict: **closes** when the slope's interval lies below 0; **does not close**
+when its lower end is above ``-margin`` (the gap shrinks by less than ``margin`` per doubling, if at all);
+**inconclusive** otherwise, or when a width has fewer than two seeds on a side; **no verdict** with fewer than
+three widths or a best rate on the edge of the rates run. The claim ("the gap closes") is held when every
+model closes, failed when one does not close, undecided when one has no verdict, inconclusive otherwise.
+
+``python -m moga.experiments.reproduce.gap judge OUT [--partial]`` judges a store that is still running (read
+only) and prints the outcome's json: what finished, marked partial with what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+from moga.experiments.reproduce.quality import LEVEL, RESAMPLES, _mean, _same, best_lr, relative_interval, seed_losses
+from moga.sweep.results import records
+from moga.sweep.seeds import stored_include
+from moga.sweep.spec import Sweep, cell_id
+from moga.status import Status
+from moga.sweep.store import SweepStore
+from moga.train import read_metrics
+
+MARGIN = 0.005  # per doubling: a gap that shrinks more slowly than half a point per doubling does not close
+MIN_WIDTHS = 3
+VERDICTS = {"closes": "held", "does not close": "failed", "inconclusive": "inconclusive", "no verdict": "undecided"}
+ALIGNMENT_KEYS = ("gram_dominance", "gram_coherence", "cosine")
+
+
+def settings(rep, scale: str) -> dict:
+    g = dict(rep.raw["gap"])
+    g.update(rep.scale(scale).get("gap", {}))
+    return g
+
+
+# --- running, width by width ------------------------------------------------------------------------------
+
+def run_staged(rep, scale: str, data, out: Path, run, min_seeds: int):
+    """Run (or resume) the claim's sweep in ``out`` width by width; returns the last sweep and its counts."""
+    g = settings(rep, scale)
+    spec = rep.sweep_dict(scale, data)
+    full = Sweep.from_dict(spec)  # every width, every rate: what a narrow grid may widen into
+    widths = sorted(full.spec.axes[full.spec.scale_key])
+    include = stored_include(out)
+    narrow: dict[tuple, list[float]] = {}  # (panel, contender, width) -> the rates run there
+    sweep = counts = None
+    for width in widths:
+        if width >= g.get("narrow_from", math.inf):
+            narrow.update(_narrow_rates(out, full, width, widths, g))
+        while True:
+            sweep = _stage(spec, full, width, widths, narrow, include, g)
+            counts = run(sweep)
+            if width not in {k[2] for k in narrow} or not _widen(out, full, width, narrow, g):
+                break
+        extra = _seeds(out, full, width, g, min_seeds)
+        if extra:
+            include = include + extra
+            sweep = _stage(spec, full, width, widths, narrow, include, g)
+            counts = run(sweep)
+    return sweep, counts
+
+
+def _stage(spec: dict, full: Sweep, width, widths: list, narrow: dict, include: list[dict], g: dict) -> Sweep:
+    """The sweep of the widths up to ``width``, narrow widths at their chosen rates, with the seeds added there."""
+    scale_key, lr_key = full.spec.scale_key, full.spec.lr_key
+    exclude = list(spec.get("exclude", [])) + [{scale_key: w} for w in widths if w > width]
+    for (panel, contender, w), lrs in narrow.items():
+        for lr in _rates(full, panel, contender, w, g):
+            if lr not in lrs:
+                exclude.append({**dict(zip(g["panel_keys"], panel)), g["contender_key"]: contender,
+                                scale_key: w, lr_key: lr})
+    staged = {**spec, "exclude": exclude}
+    staged.pop("include", None)
+    ids = {cell_id(c) for c in full.cells if not any(all(_same(c.get(k), v) for k, v in e.items()) for e in exclude)}
+    axes = list(spec["axes"])
+    kept = [c for c in include if cell_id({k: c.get(k) for k in axes}) in ids]  # the seeds of the widths so far
+    return Sweep.from_dict({**staged, **({"include": kept} if kept else {})})
+
+
+def _rates(full: Sweep, panel: tuple, contender, width, g: dict) -> list[float]:
+    where = {**dict(zip(g["panel_keys"], panel)), g["contender_key"]: contender, full.spec.scale_key: width}
+    return sorted({c[full.spec.lr_key] for c in full.cells if all(_same(c.get(k), v) for k, v in where.items())})
+
+
+def _pairs(full: Sweep, g: dict) -> list[tuple]:
+    """Every (panel, contender) of the grid, in a fixed order."""
+    return sorted({(tuple(c.get(k) for k in g["panel_keys"]), c[g["contender_key"]]) for c in full.cells}, key=str)
+
+
+def _rows(out: Path) -> list[dict]:
+    store = SweepStore(out)
+    return records(store) if store.exists() else []
+
+
+def _narrow_rates(out: Path, full: Sweep, width, widths: list, g: dict) -> dict:
+    """Each contender's rates at ``width``: the grid's rates within a step of its best at the next smaller
+    width (all of them when that width has no finite best)."""
+    rows = _rows(out)
+    scale_key, lr_key = full.spec.scale_key, full.spec.lr_key
+    smaller = max((w for w in widths if w < width), default=None)
+    chosen = {}
+    for panel, contender in _pairs(full, g):
+        grid = _rates(full, panel, contender, width, g)
+        where = {**dict(zip(g["panel_keys"], panel)), g["contender_key"]: contender, scale_key: smaller}
+        best = None if smaller is None else best_lr(seed_losses(rows, where, lr_key, "seed", "train_loss"))
+        near = [] if best is None else [lr for lr in grid if best / 2.01 < lr < best * 2.01]
+        chosen[(panel, contender, width)] = near or grid
+    return chosen
+
+
+def _widen(out: Path, full: Sweep, width, narrow: dict, g: dict) -> bool:
+    """One more rate where a contender's best at ``width`` sits on the edge of its narrow rates and the grid
+    goes further; True when any was added."""
+    rows = _rows(out)
+    scale_key, lr_key = full.spec.scale_key, full.spec.lr_key
+    added = False
+    for (panel, contender, w), lrs in narrow.items():
+        if w != width:
+            continue
+        where = {**dict(zip(g["panel_keys"], panel)), g["contender_key"]: contender, scale_key: w}
+        best = best_lr(seed_losses(rows, where, lr_key, "seed", "train_loss"))
+        grid = _rates(full, panel, contender, w, g)
+        for edge, step in ((min(lrs), -1), (max(lrs), 1)):
+            if best == edge and 0 <= grid.index(edge) + step < len(grid):
+                lrs.append(grid[grid.index(edge) + step])
+                added = True
+        lrs.sort()
+    return added
+
+
+def _seeds(out: Path, full: Sweep, width, g: dict, min_seeds: int) -> list[dict]:
+    """Seeds 0..min_seeds-1 at each contender's best rate at ``width`` that are not stored yet."""
+    store = SweepStore(out)
+    params = {c["id"]: c["params"] for c in store.cells()}
+    rows = records(store)
+    scale_key, lr_key = full.spec.scale_key, full.spec.lr_key
+    extra = []
+    for panel, contender in _pairs(full, g):
+        where = {**dict(zip(g["panel_keys"], panel)), g["contender_key"]: contender, scale_key: width}
+        grid = seed_losses(rows, where, lr_key, "seed", "train_loss")
+        lr = best_lr(grid)
+        if lr is None:
+            continue
+        one = next(r for r in rows if all(_same(r.get(k), v) for k, v in {**where, lr_key: lr}.items()))
+        base = {k: v for k, v in params[one["cell"]].items() if k != "seed"}
+        extra += [{**base, "seed": s} for s in range(min_seeds) if s not in grid[lr]]
+    return extra
+
+
+# --- judging ----------------------------------------------------------------------------------------------
+
+def judge(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
+    """The ``gap`` kind for :func:`moga.experiments.reproduce.run.reproduce` (``max_regret`` is unused);
+    ``skip``: widths left out (a stage still running)."""
+    g = settings(rep, _scale_of(sweep))
+    store = SweepStore(out)
+    scale_key = sweep.spec.scale_key
+    rows = [r for r in records(store) if r[scale_key] not in skip]
+    cells = [{**{k: r.get(k) for k in g["panel_keys"]}, "contender": r[g["contender_key"]], "scale": r[scale_key],
+              "lr": float(r[sweep.spec.lr_key]), "seed": r.get("seed", 0), "status": r["status"],
+              "train_loss": r["train_loss"], "cell": r["cell"]} for r in rows]
+    keys = list(g["panel_keys"])
+    expected = sorted({json.dumps({k: c.get(k) for k in keys}) for c in sweep.cells})
+    analysis = {"gap": True, "subject": g["subject"], "baseline": g["baseline"], "panel_keys": keys,
+                "group_keys": [*keys, "contender"], "scale_key": scale_key,
+                "margin": float(g.get("margin", MARGIN)), "contender_key": g["contender_key"],
+                # what the claim names: a store without all of it is partial and decides nothing
+                "expected": {"panels": [json.loads(e) for e in expected],
+                             "widths": sorted(sweep.spec.axes[scale_key])}}
+    fields = verdict_fields(cells, analysis)
+    fields["alignment"] = alignment(store, fields["widths"], cells, analysis)
+    report = Path(out) / "report"
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "gap.md").write_text(f"# {rep.name}: {rep.claim}\n\n" + table(fields) + "\n")
+    return {**fields, "analysis": analysis, "cells": cells, "report": str(report / "gap.md")}
+
+
+def _scale_of(sweep) -> str:
+    name = sweep.spec.name or ""
+    return next((s for s in ("quick", "cpu", "paper") if name.endswith("-" + s)), "cpu")
+
+
+def analyze_cells(cells: list[dict], analysis: dict, resamples: int = RESAMPLES) -> tuple[list[dict], list[dict]]:
+    """(widths, panels): per model and width the gap with its interval; per model the slope and verdict."""
+    keys, margin = analysis["panel_keys"], analysis["margin"]
+    widths_out, panels = [], []
+    for panel in sorted({tuple(c.get(k) for k in keys) for c in cells}, key=str):
+        where = dict(zip(keys, panel))
+        mine = [c for c in cells if all(_same(c.get(k), v) for k, v in where.items())]
+        entries = []
+        for width in sorted({c["scale"] for c in mine}):
+            entry = {**where, "scale": width}
+            sides = {}
+            for role in ("subject", "baseline"):
+                grid = seed_losses(mine, {"contender": analysis[role], "scale": width}, "lr", "seed", "train_loss")
+                lr = best_lr(grid)
+                if lr is None:
+                    break
+                sides[role] = list(grid[lr].values())
+                entry.update({f"{role}_lr": lr, f"{role}_lr_on_edge": lr in (min(grid), max(grid)),
+                              f"{role}_rates": sorted(grid), f"{role}_losses": sides[role],
+                              f"{role}_loss": _mean(sides[role])})
+            if len(sides) < 2:
+                entries.append({**entry, "note": "missing cells: a contender has no finite tuned loss"})
+                continue
+            point, low, high = relative_interval(sides["subject"], sides["baseline"], resamples=resamples)
+            entries.append({**entry, "gap": point, "low": low, "high": high,
+                            "seeds": min(len(sides["subject"]), len(sides["baseline"]))})
+        widths_out += entries
+        panels.append(_panel(where, [e for e in entries if "gap" in e], margin, resamples))
+    return widths_out, panels
+
+
+def _panel(where: dict, entries: list[dict], margin: float, resamples: int) -> dict:
+    title = _title(where, list(where))
+    panel = {"panel": where, "title": title, "widths": [e["scale"] for e in entries]}
+    if len(entries) < 2:
+        return {**panel, "verdict": "no verdict", "line": f"{len(entries)} width(s) judged; a slope needs 2 or more"}
+    x = [math.log2(e["scale"]) for e in entries]
+    slope = _slope(x, [e["gap"] for e in entries])
+    rng = random.Random(0)
+    draws = []
+    for _ in range(resamples):
+        gaps = []
+        for e in entries:
+            a = rng.choices(e["subject_losses"], k=len(e["subject_losses"]))
+            b = rng.choices(e["baseline_losses"], k=len(e["baseline_losses"]))
+            gaps.append(_mean(a) / _mean(b) - 1)
+        draws.append(_slope(x, gaps))
+    draws.sort(key=lambda v: (math.isnan(v), v))
+    tail = (1 - LEVEL) / 2
+    low = draws[max(0, math.floor(tail * resamples))]
+    high = draws[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]
+    panel.update(slope=slope, slope_low=low, slope_high=high)
+    edge = [e["scale"] for e in entries if e["subject_lr_on_edge"] or e["baseline_lr_on_edge"]]
+    few = [e["scale"] for e in entries if e["seeds"] < 2]
+    if len(entries) < MIN_WIDTHS or edge:
+        verdict = "no verdict"
+        why = (f"{len(entries)} widths judged (a verdict needs {MIN_WIDTHS})" if len(entries) < MIN_WIDTHS
+               else f"a best rate on the edge of the rates run at width {', '.join(map(str, edge))}")
+    elif few:
+        verdict, why = "inconclusive", f"one seed on a side at width {', '.join(map(str, few))}"
+    elif high < 0:
+        verdict, why = "closes", "the slope's interval lies below 0"
+    elif low > -margin:
+        verdict, why = "does not close", f"the slope's lower end is above -{100 * margin:g}% per doubling"
+    else:
+        verdict, why = "inconclusive", "the slope's interval straddles the limits"
+    first, last = entries[0], entries[-1]
+    line = (f"gap {_pct(first['gap'])} at width {first['scale']} to {_pct(last['gap'])} [{_pct(last['low'])}, "
+            f"{_pct(last['high'])}] at {last['scale']}; slope {_pct(slope)} per doubling [{_pct(low)}, {_pct(high)}]"
+            f": {verdict} ({why})")
+    return {**panel, "verdict": verdict, "line": line}
+
+
+def _slope(x: list[float], y: list[float]) -> float:
+    if any(math.isinf(v) or math.isnan(v) for v in y):
+        return math.nan
+    mx, my = _mean(x), _mean(y)
+    sxx = sum((a - mx) ** 2 for a in x)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
+
+
+def verdict_fields(cells: list[dict], analysis: dict) -> dict:
+    """outcome, key, details, unclaimed, panels and widths of the stored cells (what a recheck recomputes)."""
+    widths, panels = analyze_cells(cells, analysis)
+    states = [VERDICTS[p["verdict"]] for p in panels]
+    outcome = next((s for s in ("failed", "undecided", "inconclusive", "held") if s in states), "undecided")
+    details = [f"[{VERDICTS[p['verdict']]}] {p['title']}: {p['line']}" for p in panels]
+    details += [_describe(w) for w in widths]
+    key = "; ".join(f"{p['title']}: slope {_pct(p['slope'])}/doubling [{_pct(p['slope_low'])}, "
+                    f"{_pct(p['slope_high'])}], {p['verdict']}" for p in panels if "slope" in p)
+    missing = _missing(widths, analysis)
+    if missing:  # the widths that ran say something; the claim, about every width it names, is not decided
+        outcome = "inconclusive"
+        text = "; ".join(f"{t} {', '.join(map(str, ws))}" for t, ws in missing.items())
+        key = f"partial (not yet run: {text})" + (f"; {key}" if key else "")
+        details.insert(0, f"[partial] widths not yet run: {text}")
+    return {"outcome": outcome, "key": key, "details": details, "unclaimed": [], "panels": _finite(panels),
+            "widths": _finite(widths), "partial": {"missing": missing} if missing else None}
+
+
+def _missing(widths: list[dict], analysis: dict) -> dict[str, list]:
+    """{model: widths the claim names that have no gap yet}."""
+    expected = analysis.get("expected")
+    if not expected:
+        return {}
+    keys = analysis["panel_keys"]
+    out = {}
+    for panel in expected["panels"]:
+        done = {w["scale"] for w in widths if "gap" in w and all(_same(w.get(k), v) for k, v in panel.items())}
+        named = expected["widths"]  # every panel's, or {panel title: its widths}
+        named = named.get(_title(panel, keys), []) if isinstance(named, dict) else named
+        lacking = [w for w in named if w not in done]
+        if lacking:
+            out[_title(panel, keys)] = lacking
+    return out
+
+
+def _title(panel: dict, keys) -> str:
+    return ", ".join(str(panel[k]).rsplit(":", 1)[-1] for k in keys)
+
+
+def _describe(w: dict) -> str:
+    where = ", ".join(str(w[k]).rsplit(":", 1)[-1] for k in w if k not in _WIDTH_FIELDS)
+    if "gap" not in w:
+        return f"{where}, width {w['scale']}: {w.get('note', '')}"
+    edge = [r for r in ("subject", "baseline") if w[f"{r}_lr_on_edge"]]
+    return (f"{where}, width {w['scale']}: {w['subject_loss']:.4f} (lr {w['subject_lr']:g}) vs "
+            f"{w['baseline_loss']:.4f} (lr {w['baseline_lr']:g}): gap {_pct(w['gap'])} [{_pct(w['low'])}, "
+            f"{_pct(w['high'])}], {w['seeds']} seeds" + (f"; best lr on the edge: {', '.join(edge)}" if edge else ""))
+
+
+_WIDTH_FIELDS = {"scale", "gap", "low", "high", "seeds", "note"} | {
+    f"{r}_{k}" for r in ("subject", "baseline") for k in ("lr", "lr_on_edge", "rates", "losses", "loss")}
+
+
+def rejudge(outcome: dict) -> dict:
+    """The verdict fields recomputed from a stored outcome's cells."""
+    return {**outcome, **verdict_fields(outcome["cells"], outcome["analysis"])}
+
+
+# --- the mechanism ----------------------------------------------------------------------------------------
+
+def alignment(store: SweepStore, widths: list[dict], cells: list[dict], analysis: dict) -> list[dict]:
+    """Per model, width and contender, at each recorded step: the seed means of the hidden matrices' Gram
+    dominance, row coherence and row/polar cosine (``logging.alignment_every``) at the contender's tuned rate."""
+    keys = analysis["panel_keys"]
+    out = []
+    for w in widths:
+        for role in ("subject", "baseline"):
+            if f"{role}_lr" not in w:
+                continue
+            where = {**{k: w[k] for k in keys}, "contender": analysis[role], "scale": w["scale"],
+                     "lr": w[f"{role}_lr"]}
+            by_step: dict[int, list[dict]] = {}
+            for c in cells:
+                if all(_same(c.get(k), v) for k, v in where.items()):
+                    path = store.cell_dir(c["cell"]) / "metrics.jsonl"
+                    for r in read_metrics(path, "alignment") if path.is_file() else []:
+                        by_step.setdefault(r["step"], []).append(r)
+            for step in sorted(by_step):
+                recs = by_step[step]
+                out.append({**{k: w[k] for k in keys}, "scale": w["scale"], "contender": analysis[role],
+                            "step": step, "seeds": len(recs),
+                            **{k: _mean([r[k] for r in recs]) for k in ALIGNMENT_KEYS}})
+    return _finite(out)
+
+
+# --- tables -----------------------------------------------------------------------------------------------
+
+def table(fields: dict) -> str:
+    lines = ["| model | width | row(2) loss (lr) | orthogonalized loss (lr) | gap [95%] | seeds |",
+             "|---|---|---|---|---|---|"]
+    for w in fields["widths"]:
+        model = " ".join(str(v).rsplit(":", 1)[-1] for k, v in w.items() if k not in _WIDTH_FIELDS)
+        if "gap" not in w:
+            lines.append(f"| {model} | {w['scale']} | | | {w.get('note', '')} | |")
+            continue
+        edge = lambda r: " (edge)" if w[f"{r}_lr_on_edge"] else ""  # noqa: E731
+        lines.append(f"| {model} | {w['scale']} | {w['subject_loss']:.4f} ({_lr(w['subject_lr'])}{edge('subject')}) "
+                     f"| {w['baseline_loss']:.4f} ({_lr(w['baseline_lr'])}{edge('baseline')}) | {_pct(w['gap'])} "
+                     f"[{_pct(w['low'])}, {_pct(w['high'])}] | {w['seeds']} |")
+    lines += ["", "| model | slope per doubling [95%] | widths | verdict |", "|---|---|---|---|"]
+    for p in fields["panels"]:
+        slope = f"{_pct(p['slope'])} [{_pct(p['slope_low'])}, {_pct(p['slope_high'])}]" if "slope" in p else ""
+        lines.append(f"| {p['title']} | {slope} | {', '.join(map(str, p['widths']))} | {p['verdict']} |")
+    if fields.get("alignment"):
+        lines += ["", "| model | width | contender | step | Gram dominance | row coherence | cosine (row, polar) |",
+                  "|---|---|---|---|---|---|---|"]
+        for a in fields["alignment"]:
+            model = " ".join(str(v).rsplit(":", 1)[-1] for k, v in a.items()
+                             if k not in ("scale", "contender", "step", "seeds", "matrices", *ALIGNMENT_KEYS))
+            lines.append(f"| {model} | {a['scale']} | {a['contender']} | {a['step']} | {_num(a['gram_dominance'])} | "
+                         f"{_num(a['gram_coherence'])} | {_num(a['cosine'])} |")
+    return "\n".join(lines)
+
+
+def _lr(lr: float) -> str:
+    k = math.log2(lr)
+    return f"2^{int(k)}" if k == int(k) else f"{lr:g}"
+
+
+def _pct(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return "inf" if math.isinf(x) else f"{100 * x:+.1f}%"
+
+
+def _num(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3f}"
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+# --- a store that is still running ------------------------------------------------------------------------
+
+def store_outcome(out: Path, scale: str = "cpu", name: str = "gap-width") -> dict:
+    """The outcome of what ``out`` holds now (read only: its runner may still be going), in the form
+    ``moga reproduce`` stores, marked ``partial`` with the widths not yet run."""
+    from moga.experiments.reproduce.catalog import get
+    from moga.experiments.reproduce.clock import FILE, _seconds
+
+    rep = get(name)
+    sweep = rep.sweep(scale)
+    store = SweepStore(out)
+    running = sorted({c["params"][sweep.spec.scale_key] for c in store.cells()  # a stage not yet through
+                      if c["status"] in (Status.PENDING, Status.RUNNING)})
+    outcome = judge(rep, sweep, Path(out), skip=running)
+    outcome["running"] = running  # beside the verdict fields, which a recheck recomputes from the cells
+    counts = store.counts()
+    outcome.update(runs={str(k): v for k, v in counts.items() if v}, data=rep.sweep(scale).base["data"].get("name"),
+                   name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
+                   command=f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
+                                                           " --scale paper" if scale == "paper" else ""),
+                   seconds=_seconds(Path(out) / FILE), max_regret=0.0)
+    return _finite(outcome)
+
+
+def cells_outcome(path: Path) -> dict:
+    """The verdict fields of a cells file (``scripts/gpu_gap.py``'s ``gap-cells.json``: cells in the stored
+    form, what the run meant to cover, its setup), and its alignment records per model, width and contender."""
+    raw = json.loads(Path(path).read_text())
+    analysis = {"gap": True, "subject": "row(p=2)", "baseline": "spectral", "panel_keys": ["model.name"],
+                "group_keys": ["model.name", "contender"], "scale_key": "model.n_embd", "margin": MARGIN,
+                "contender_key": "optim.geometries.hidden", "expected": raw.get("expected")}
+    fields = verdict_fields(raw["cells"], analysis)
+    fields["alignment"] = [{"model.name": c["model.name"], "scale": c["scale"], "contender": c["contender"],
+                            "step": raw.get("setup", {}).get("steps"), "seeds": 1, **c["alignment"]}
+                           for c in raw["cells"] if c.get("alignment")]
+    return {**fields, "analysis": analysis, "cells": raw["cells"], "setup": raw.get("setup"),
+            "skipped": raw.get("skipped", [])}
+
+
+USAGE = ("usage: python -m moga.experiments.reproduce.gap judge OUT [quick|cpu|paper] [--write FILE]\n"
+         "       python -m moga.experiments.reproduce.gap cells CELLS_JSON [--write FILE]")
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    target = None
+    if len(args) >= 2 and args[-2] == "--write":
+        args, target = args[:-2], Path(args[-1])
+    if args[:1] == ["judge"] and len(args) in (2, 3):
+        result = store_outcome(Path(args[1]), *args[2:])
+    elif args[:1] == ["cells"] and len(args) == 2:
+        result = cells_outcome(Path(args[1]))
+    else:
+        raise SystemExit(USAGE)
+    if target is not None:
+        target.write_text(json.dumps(_finite(result), indent=1) + "\n")
+    print("\n".join([f"{result['outcome'].upper()}: {result['key']}", *result["details"], "", table(result)]))
