@@ -58,7 +58,7 @@ def run_staged(rep, scale: str, data, out: Path, run, min_seeds: int):
     spec = rep.sweep_dict(scale, data)
     full = Sweep.from_dict(spec)  # every width, every rate: what a narrow grid may widen into
     widths = sorted(full.spec.axes[full.spec.scale_key])
-    include = stored_include(out)
+    include = stored_include(out, lambda _: full)  # recorded seeds must be cells of the full grid, or their seeds
     narrow: dict[tuple, list[float]] = {}  # (panel, contender, width) -> the rates run there
     sweep = counts = None
     for width in widths:

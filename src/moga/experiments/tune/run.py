@@ -173,7 +173,8 @@ def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width
     wkey = f"model.{knobs.width_key}"
     budget = Budget(p.proxies, wkey, budget_flops, budget_seconds, workers)
     trained_before = _trained(store)
-    include = stored_include(out)
+    include = stored_include(out, lambda inc: Sweep.from_dict(
+        sweep_dict(base, knobs, p.proxies, p.target.steps, grid, inc)))
     extensions, stops = 0, []
     while True:
         try:
