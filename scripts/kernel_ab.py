@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from moga.kernels.build import LDFLAGS, build_plan
+from moga.kernels.build import LDFLAGS, build_recipe
 
 SOURCE = "src/moga/kernels/lmo_step.cpp"
 BLOCK = [(768, 768)] * 4 + [(3072, 768), (768, 3072)]
@@ -47,7 +47,7 @@ def build(tag: str, code: str, root: Path):
     namespace = f"moga_ab_{tag}"
     code = code.replace("TORCH_LIBRARY(moga_kernels,", f"TORCH_LIBRARY({namespace},")
     code = code.replace("TORCH_LIBRARY_IMPL(moga_kernels,", f"TORCH_LIBRARY_IMPL({namespace},")
-    _, _, flags, _ = build_plan()
+    _, _, flags, _ = build_recipe()
     directory = root / f"{namespace}_{hashlib.sha256((code + ' '.join(flags)).encode()).hexdigest()[:12]}"
     directory.mkdir(parents=True, exist_ok=True)
     source = directory / "lmo_step.cpp"

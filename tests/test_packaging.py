@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-README_CONFIGS = sorted({c for doc in DOCS for c in re.findall(r"configs/(?:train|sweeps|smoothness)/\w+\.ya?ml", doc.read_text())})
+README_CONFIGS = sorted({c for doc in DOCS for c in re.findall(r"configs/(?:train|sweeps|research|smoothness)/\w+\.ya?ml", doc.read_text())})
 
 
 @pytest.fixture(scope="module")

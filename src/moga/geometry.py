@@ -174,6 +174,10 @@ class Row(Geometry):
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_exponent("row geometry p", self.p))
 
+    def _scale(self, shape, lay: Layout) -> float:
+        """n^(-1/p): the LMO's factor."""
+        return lay.fan_in(shape) ** (-1 / self.p)
+
     def reduced_dims(self, layout=None):
         return _as_layout(layout).in_dims
 
@@ -187,17 +191,17 @@ class Row(Geometry):
 
     def lmo(self, g, layout=None, reduce=None, shape=None):  # row r: -n^(-1/p) phi_p(G_r)
         lay = self._layout(g, layout)
-        return phi(g, self.p, lay.in_dims, reduce).mul_(-(lay.fan_in(shape or g.shape) ** (-1 / self.p)))
+        return phi(g, self.p, lay.in_dims, reduce).mul_(-self._scale(shape or g.shape, lay))
 
     def apply_lmo_(self, param, g, alpha, layout=None, workspace=None, reduce=None, shape=None):
         lay = self._layout(g, layout)
-        add_phi_(param, g, self.p, lay.in_dims, -alpha * lay.fan_in(shape or g.shape) ** (-1 / self.p), workspace, reduce)
+        add_phi_(param, g, self.p, lay.in_dims, -alpha * self._scale(shape or g.shape, lay), workspace, reduce)
 
     def sign_scale(self, shape, layout=None):
         return 1 / max(_dims(shape, layout)[1], 1) if self.p == 1 else None
 
     def kernel_plan(self, shape, layout):
-        return KernelPlan.along(shape, layout.in_dims, self.p, layout.fan_in(shape) ** (-1 / self.p))
+        return KernelPlan.along(shape, layout.in_dims, self.p, self._scale(shape, layout))
 
 
 @dataclass(frozen=True)
@@ -283,7 +287,7 @@ class Sign(Geometry):
         return 1 / max(_dims(shape, layout)[1], 1)
 
     def kernel_plan(self, shape, layout):
-        return KernelPlan.along(shape, (), 1.0, 1 / layout.fan_in(shape))
+        return KernelPlan.along(shape, (), 1.0, self.sign_scale(shape, layout))
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,11 @@ Reduce = Callable[[torch.Tensor, str], torch.Tensor]
 Scalar = float | torch.Tensor
 
 
+def math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a step computes in: float64 for float64 tensors, float32 for the rest (16-bit ones too)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def dual_exponent(p: float) -> float:
     """p* with 1/p + 1/p* = 1."""
     if p == 1:
@@ -108,7 +113,7 @@ def lp_norm(x: torch.Tensor, p: float, dims: tuple[int, ...], reduce: Reduce | N
     return peak * total.pow(1 / p)
 
 
-def _direction(
+def _phi_parts(
     g: torch.Tensor, p: float, dims: tuple[int, ...], workspace: Workspace | None, reduce: Reduce | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(t, s) with phi_p(g) = t * s, both finite: t = sign(g) a^(p-1), s = (sum a^p)^(-(p-1)/p)."""
@@ -121,7 +126,7 @@ def l2_safe_low(dtype: torch.dtype) -> float:
     return math.sqrt(torch.finfo(dtype).tiny) * 2**10
 
 
-def _fast_l2_direction(
+def _fast_l2_phi_parts(
     g: torch.Tensor, dims: tuple[int, ...], workspace: Workspace | None, reduce: Reduce | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(g, 1/||g||_2, outside) per row from plain squares; rows whose squares are not exact (zero rows
@@ -148,14 +153,14 @@ def _add_l2_phi_(
     the exact path. Zero rows are outside too but have nothing to add; telling them from rows whose squares
     underflowed takes their maxima, only when some row is outside. Every rank sharing a row combines the
     same sums, so all of them take the same branches (and make the same reductions)."""
-    t, s, outside = _fast_l2_direction(g, dims, workspace, reduce)
+    t, s, outside = _fast_l2_phi_parts(g, dims, workspace, reduce)
     param.addcmul_(t, s.mul_(c))
     if not bool(outside.any()):
         return
     outside &= row_max(g, dims, reduce) > 0
     if not bool(outside.any()):
         return
-    t, s = _direction(g, 2.0, dims, workspace, reduce)
+    t, s = _phi_parts(g, 2.0, dims, workspace, reduce)
     param.addcmul_(t, torch.where(outside, s.mul_(c), torch.zeros_like(s)))
 
 
@@ -175,7 +180,7 @@ def phi(g: torch.Tensor, p: float, dims: tuple[int, ...], reduce: Reduce | None 
         return torch.sign(g)
     if p == INF:
         return _peak_sign(g, dims, reduce)
-    t, s = _direction(g, p, dims, None, reduce)
+    t, s = _phi_parts(g, p, dims, None, reduce)
     return t * s
 
 
@@ -209,5 +214,5 @@ def add_phi_(
     elif p == 2 and _fast_l2_applies(g):
         _add_l2_phi_(param, g, dims, c, workspace, reduce)
     else:
-        t, s = _direction(g, p, dims, workspace, reduce)
+        t, s = _phi_parts(g, p, dims, workspace, reduce)
         param.addcmul_(t, s.mul_(c))

@@ -193,7 +193,7 @@ class RolePlan:
             counts[e.role] = counts.get(e.role, 0) + e.param.numel()
         total = sum(counts.values())
         summary = ", ".join(f"{r} {n:,}" for r, n in counts.items())
-        notes = _notes(self.entries)
+        notes = _plan_notes(self.entries)
         if self.lr_multipliers:
             scaled = ", ".join(f"{role} x{m:g}" for role, m in self.lr_multipliers.items())
             notes.append(f"note: learning rate {scaled}: {self.lr_reason}")
@@ -210,7 +210,7 @@ class RolePlan:
     __repr__ = __str__
 
 
-def _notes(entries: list[PlanEntry]) -> list[str]:
+def _plan_notes(entries: list[PlanEntry]) -> list[str]:
     """One line per reason: the tensors it covers (block indices as '*'), their layout, and the reason."""
     by_reason: dict[str, dict[str, int]] = {}
     layouts: dict[str, set] = {}

@@ -32,8 +32,8 @@ def test_row_and_col_layouts_compile_once_each_and_equal_the_reference():
             shape = [rows, cols, 1] if layout == "row" else [1, rows, cols]
             args = (shape, [scale], 2.0, 0.9, True, decay)
             mine, ref = ([w.clone()], [m.clone()]), ([w.clone()], [m.clone()])
-            compiled.lmo_step_(mine[0], [g], mine[1], found_inf, *args)
-            reference.lmo_step_(ref[0], [g], ref[1], found_inf, *args)
+            compiled.compiled_steps_(mine[0], [g], mine[1], found_inf, *args)
+            reference.tensor_steps_(ref[0], [g], ref[1], found_inf, *args)
             torch.testing.assert_close(mine[0][0], ref[0][0], rtol=0, atol=1e-6)
             torch.testing.assert_close(mine[1][0], ref[1][0], rtol=0, atol=1e-6)
             assert torch.equal(mine[0][0], w) == bool(flag) and torch.equal(mine[1][0], m) == bool(flag)
@@ -48,7 +48,7 @@ def test_the_compiled_step_gets_python_numbers_and_the_callers_tensors(monkeypat
     monkeypatch.setattr(compiled, "compiled_step", lambda: lambda *args: seen.append(args))
     ws, gs, ms = ([torch.randn(4, 6) for _ in range(3)] for _ in range(3))
     flag = torch.zeros(())
-    compiled.lmo_step_(ws, gs, ms, flag, [4, 6, 1] * 3, [-0.1, -0.2, -0.3], 2.0, 0.9, False, 0.99)
+    compiled.compiled_steps_(ws, gs, ms, flag, [4, 6, 1] * 3, [-0.1, -0.2, -0.3], 2.0, 0.9, False, 0.99)
     ours = {id(t) for t in (*ws, *gs, *ms, flag)}
     assert len(seen) == 3
     for args in seen:
@@ -69,8 +69,8 @@ FALLBACK = textwrap.dedent("""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            compiled.lmo_step_(mine[0], [g], mine[1], None, *args)
-            reference.lmo_step_(ref[0], [g], ref[1], None, *args)
+            compiled.compiled_steps_(mine[0], [g], mine[1], None, *args)
+            reference.tensor_steps_(ref[0], [g], ref[1], None, *args)
             captured.append(counters["stats"]["calls_captured"])
     messages = [str(x.message) for x in caught if "compiled" in str(x.message)]
     assert len(messages) == 1 and "plain torch" in messages[0] and "\\n" not in messages[0], messages

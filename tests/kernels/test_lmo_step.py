@@ -101,7 +101,7 @@ def test_zero_rows_and_extreme_magnitudes_are_exact(built, spec):
         g, w = g.T.contiguous(), w.T.contiguous()
     kernel, exact = w.clone(), w.double()
     torch.ops.moga.lmo_step_(*op_args(spec, kernel, g, None))
-    reference.lmo_step_(*op_args(spec, exact, g.double(), None))  # float64: nothing under- or overflows
+    reference.tensor_steps_(*op_args(spec, exact, g.double(), None))  # float64: nothing under- or overflows
     assert torch.isfinite(kernel).all()
     torch.testing.assert_close(kernel.double(), exact, rtol=0, atol=1e-6)
     zero = (2, slice(None)) if spec.startswith("row") else (slice(None), 2)
@@ -150,7 +150,7 @@ def test_bfloat16_params_do_float32_math(built, spec):
     kw, km = w.clone(), m.clone()
     torch.ops.moga.lmo_step_(*op_args(spec, kw, g, km, wd=0.1))
     rw, rm = w.clone(), m.clone()
-    reference.lmo_step_(*op_args(spec, rw, g, rm, wd=0.1))  # float32 math, rounded once
+    reference.tensor_steps_(*op_args(spec, rw, g, rm, wd=0.1))  # float32 math, rounded once
     torch.testing.assert_close(km, rm, rtol=0, atol=0)
     # column mode re-reads the rounded momentum in its second sweep: at most one bfloat16 step apart
     torch.testing.assert_close(kw.float(), rw.float(), rtol=2**-7, atol=2**-7 * 1e-2)
@@ -310,13 +310,13 @@ def test_auto_falls_back_when_the_compiler_fails(tmp_path):
 
 
 def test_builds_are_keyed_by_source_not_path(built):
-    from moga.kernels.build import SOURCE, build_plan, build_tag, toolchain
+    from moga.kernels.build import SOURCE, build_recipe, build_tag, toolchain
 
     code, tools = SOURCE.read_bytes(), toolchain(["-O3"])
     assert build_tag("k", code, tools) == build_tag("k", bytes(code), list(tools))  # another checkout's copy
     assert build_tag("k", code, tools) != build_tag("k", code + b"\n", tools)  # an edited source: its own build
     # the loaded library was compiled from the copy inside its own directory, not from the checkout
-    directory = build_plan()[3]
+    directory = build_recipe()[3]
     assert (directory / SOURCE.name).read_bytes() == code and "build.ninja" in os.listdir(directory)
     assert str(SOURCE.parent) not in (directory / "build.ninja").read_text()
 
@@ -326,9 +326,9 @@ def test_builds_are_keyed_by_every_path_and_flag_ninja_sees(built, monkeypatch):
     library paths, so one shared directory was rebuilt on every switch (~15 s instead of 0.8 s)."""
     import shlex
 
-    from moga.kernels.build import LDFLAGS, build_plan, build_tag, toolchain
+    from moga.kernels.build import LDFLAGS, build_recipe, build_tag, toolchain
 
-    name, code, flags, directory = build_plan()
+    name, code, flags, directory = build_recipe()
     tools = toolchain([*flags, *LDFLAGS])
     assert directory.name == build_tag(name, code, tools)
     ninja = (directory / "build.ninja").read_text()

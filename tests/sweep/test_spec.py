@@ -74,8 +74,9 @@ def test_bad_sweeps_fail_before_running(spec, match):
 def test_shipped_sweep_configs_are_valid():
     from pathlib import Path
 
-    configs = sorted((Path(__file__).resolve().parents[2] / "configs" / "sweeps").glob("*.yaml"))
-    assert configs
+    root = Path(__file__).resolve().parents[2] / "configs"
+    configs = sorted([*(root / "sweeps").glob("*.yaml"), *(root / "research").glob("*.yaml")])
+    assert len(configs) > 20
     for path in configs:
         assert Sweep.from_file(path).cells
 

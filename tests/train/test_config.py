@@ -351,7 +351,7 @@ def test_muon_hashes_by_its_recipe_and_a_run_of_the_old_one_is_named():
     """Every Muon run before the published recipe ran moga's all-geometry Muon: that hash is preset moga's now, and
     a resume refused for it names the setting; MOGA's names on a Muon cell run Muon's default; Muon's names are
     not MOGA's."""
-    from moga.train.config import hash_diff
+    from moga.train.hashing import hash_diff
 
     old = BEFORE_NESTEROV["muon"][1]
     published = build_config(tiny(optim={"name": "muon"}))
@@ -378,7 +378,7 @@ def test_hash_diff_names_the_setting_that_resumes_a_run_of_an_earlier_default(mo
     """No key differs between a run's config and the same config now; the hash moved with MOGA's default. The
     message names the setting that gives the run's hash back, tried, not guessed, and says when none does."""
     from moga.optim.multipliers import PAPER, PRESETS, Preset
-    from moga.train.config import hash_diff
+    from moga.train.hashing import hash_diff
 
     default, cfg = PRESETS["default"], build_config(tiny())
     stored = {}
@@ -440,3 +440,27 @@ def test_overrides_may_give_a_parameter_glob_its_own_geometry():
     assert geometries["blocks.0.mlp.c_fc.weight"] == "row(p=2)"
     with pytest.raises(ConfigError, match="overrides"):
         build_config(tiny(optim={"name": "moga", "overrides": {"*.attn.*.weight": {"geometri": "spectral"}}}))
+
+
+def test_the_optim_section_is_the_optimizers_signatures(monkeypatch):
+    """Every option an optimizer's signature takes is an optim key, and every optim key is one (or a key of the
+    run: name, lr, the step rule); an option a signature gains becomes a key, typed, left out of the hash while
+    unset, and nonfinite takes every policy the optimizers take."""
+    from moga.optim.nonfinite import POLICIES
+    from moga.optim.registry import config_options
+    from moga.train import config
+
+    assert set(config.OptimConfig.model_fields) == set(config_options()) | config._RUN_KEYS
+    assert config.OptimConfig.model_fields["momentum"].description.startswith("moga, muon, sgd:")
+    for policy in POLICIES:
+        assert load_config(None, ["train.steps=1", f"optim.nonfinite={policy}"]).optim.nonfinite == policy
+    monkeypatch.setattr(config, "_OPTIONS", {**config._OPTIONS, "adam_lr": (float, ("muon",))})
+    section = config._optim_section()
+    assert section.model_fields["adam_lr"].description == "muon"
+    assert section(name="muon", adam_lr=0.5).adam_lr == 0.5
+    with pytest.raises(ValueError, match="adam_lr"):
+        section(name="muon", adam_lr="fast")
+    before = config_hash(load_config(None, ["train.steps=1"]))
+    d = load_config(None, ["train.steps=1"]).to_dict()
+    assert config_hash({**d, "optim": {**d["optim"], "adam_lr": None}}) == before
+    assert config_hash({**d, "optim": {**d["optim"], "adam_lr": 0.5}}) != before

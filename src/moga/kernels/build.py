@@ -88,7 +88,7 @@ def _build_lock(directory: Path):
         yield
 
 
-def build_plan() -> tuple[str, bytes, list[str], Path]:
+def build_recipe() -> tuple[str, bytes, list[str], Path]:
     """(library name, source, compiler flags, build directory) for this process's torch and CPU."""
     cap = capability()
     name = f"moga_kernels_{cap.lower()}"
@@ -105,7 +105,7 @@ def load_extension(verbose: bool = False):
     it cannot be built."""
     global _module
     if _module is None:
-        name, code, flags, directory = build_plan()
+        name, code, flags, directory = build_recipe()
         with _build_lock(directory):
             source = directory / SOURCE.name
             if not source.is_file() or source.read_bytes() != code:
@@ -131,4 +131,4 @@ def load_extension(verbose: bool = False):
 
 if __name__ == "__main__":  # python -m moga.kernels.build: build (or load) with the compiler's full output
     load_extension(verbose=True)
-    print(f"moga: the fused C++ kernel is built in {build_plan()[3]}")
+    print(f"moga: the fused C++ kernel is built in {build_recipe()[3]}")

@@ -34,7 +34,7 @@ def compiled_step():
     return torch.compile(reference.tensor_step_, dynamic=True, fullgraph=True)  # fullgraph: all or nothing
 
 
-def lmo_step_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay) -> None:
+def compiled_steps_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay) -> None:
     """The list form of the op, each tensor through the compiled step (or the plain one, see above)."""
     for k, (w, g) in enumerate(zip(params, grads)):
         if w.numel() == 0:

@@ -11,27 +11,27 @@ from moga.kernels.build import load_extension
 
 
 @torch.library.custom_op("moga::lmo_step_", mutates_args=("params", "bufs"))
-def lmo_step_(
+def lmo_step_op(
     params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor], found_inf: torch.Tensor | None,
     shapes: list[int], scales: list[float], p: float, momentum: float, nesterov: bool, decay: float,
 ) -> None:
     """For each k: ``params[k] <- decay * params[k] + scales[k] * phi_p(d)`` along K of its (B, K, N) view
     ``shapes[3k:3k+3]``, d the momentum EMA in ``bufs[k]`` (updated; ``bufs`` empty: no momentum).
     Nothing changes when ``found_inf`` is nonzero."""
-    reference.lmo_step_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay)
+    reference.tensor_steps_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay)
 
 
-@lmo_step_.register_kernel("cpu")
+@lmo_step_op.register_kernel("cpu")
 def _lmo_step_cpu(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay):
     load_extension().lmo_step(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay)
 
 
-@lmo_step_.register_kernel("cuda")
+@lmo_step_op.register_kernel("cuda")
 def _lmo_step_cuda(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay):
-    compiled.lmo_step_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay)
+    compiled.compiled_steps_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay)
 
 
-@lmo_step_.register_fake
+@lmo_step_op.register_fake
 def _lmo_step_fake(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay):
     return None
 

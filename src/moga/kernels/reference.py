@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from moga.numerics import direction, phi
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from moga.numerics import direction, math_dtype, phi
 
 
 def tensor_step_(
     param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None, found_inf: torch.Tensor | None,
     shape: tuple[int, int, int], c: float, p: float, momentum: float, nesterov: bool, decay: float,
 ) -> None:
-    compute = compute_dtype(param.dtype)
+    compute = math_dtype(param.dtype)
     g = grad.reshape(shape).to(compute)
     m = None if buf is None else buf.reshape(shape).to(compute).lerp(g, 1 - momentum)  # out of place: found_inf
     w = param.reshape(shape).to(compute) * decay + c * phi(direction(g, m, momentum, nesterov), p, (1,))
@@ -44,7 +40,7 @@ def tensor_step_(
         torch._foreach_copy_([param, buf], [w.reshape(param.shape), m.reshape(buf.shape)])
 
 
-def lmo_step_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay, step=tensor_step_) -> None:
+def tensor_steps_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay, step=tensor_step_) -> None:
     """The list form of the op (same arguments as ``torch.ops.moga.lmo_step_``)."""
     for k, (w, g) in enumerate(zip(params, grads)):
         if w.numel() == 0:

@@ -11,7 +11,31 @@ from moga.kernels import ops
 from moga.kernels.build import load_extension
 from moga.kernels.coverage import fits, plan
 from moga.layout import Layout
-from moga.numerics import Reduce, direction, phi
+from moga.numerics import Reduce, direction, math_dtype, phi
+
+
+def _planned(geometry: Geometry, layouts: list, params: list[torch.Tensor], grads: list[torch.Tensor],
+             bufs: list[torch.Tensor] | None, lr: float, split: bool):
+    """The tensors one kernel call takes (work), with their (B, K, N) views, step factors ``-lr * factor`` and
+    one p; the rest (indices) go to the plain path. A split step plans empty shards too (every rank must make
+    the same reductions) and cannot take p = 1; a local one skips empty tensors (nothing to update)."""
+    device = params[0].device
+    work, rest, shapes, scales, p_common = [], [], [], [], None
+    for k, (w, g) in enumerate(zip(params, grads)):
+        if (w.device.type != "cpu" if split else w.device != device) or not fits(w, g, bufs[k] if bufs else None):
+            rest.append(k)
+            continue
+        if w.numel() == 0 and not split:
+            continue
+        planned = geometry.kernel_plan(w.shape, layouts[k]) if split else plan(geometry, layouts[k], w.shape)
+        if planned is None or (split and planned.p == 1) or (p_common is not None and planned.p != p_common):
+            rest.append(k)
+            continue
+        shape, p_common, factor = planned
+        work.append(k)
+        shapes.extend(shape)
+        scales.append(-lr * factor)
+    return work, rest, shapes, scales, p_common
 
 
 def fused_lmo_step_(
@@ -21,27 +45,11 @@ def fused_lmo_step_(
 ) -> list[int]:
     """One fused step (momentum EMA, Nesterov, decoupled decay, LMO) for the parameters the kernel
     covers, all on ``params[0]``'s device; returns the indices of those it left to the plain path."""
-    device = params[0].device
-    work, rest, shapes, scales = [], [], [], []  # rest: indices left to the plain path
-    p_common = None
-    for k, w in enumerate(params):
-        if w.device != device or not fits(w, grads[k], bufs[k] if bufs else None):
-            rest.append(k)
-            continue
-        if w.numel() == 0:  # nothing to update
-            continue
-        planned = plan(geometry, layouts[k], w.shape)
-        if planned is None or (p_common is not None and planned.p != p_common):
-            rest.append(k)
-            continue
-        shape, p_common, factor = planned
-        work.append(k)
-        shapes.extend(shape)
-        scales.append(-lr * factor)
+    work, rest, shapes, scales, p = _planned(geometry, layouts, params, grads, bufs, lr, split=False)
     if work:
-        _op("lmo_step", device)(
+        _op("lmo_step", params[0].device)(
             [params[k] for k in work], [grads[k] for k in work], [bufs[k] for k in work] if bufs else [],
-            found_inf, shapes, scales, p_common, momentum if bufs else 0.0, nesterov, 1 - lr * weight_decay,
+            found_inf, shapes, scales, p, momentum if bufs else 0.0, nesterov, 1 - lr * weight_decay,
         )
     return rest
 
@@ -56,19 +64,9 @@ def fused_split_step_(
     combines them over the ranks (one sum and one max for all the tensors), and the kernel updates W. Rows
     or columns whose combined sums are out of range take an exact step here, with one more sum. Every rank
     must pass the same tensors, empty shards included. Returns the indices left to the plain path."""
-    work, shapes, scales, p_common = [], [], [], None
-    for k, (w, g) in enumerate(zip(params, grads)):
-        buf = bufs[k] if bufs else None
-        # the geometry's own plan, empty shards included: every rank must make the same reductions
-        planned = geometry.kernel_plan(w.shape, layouts[k]) if w.device.type == "cpu" and fits(w, g, buf) else None
-        if planned is None or planned.p == 1 or (p_common is not None and planned.p != p_common):
-            continue
-        shape, p_common, factor = planned
-        work.append(k)
-        shapes.extend(shape)
-        scales.append(-lr * factor)
+    work, rest, shapes, scales, p_common = _planned(geometry, layouts, params, grads, bufs, lr, split=True)
     if not work:
-        return list(range(len(params)))
+        return rest
     lib = load_extension()
     ws, gs = [params[k] for k in work], [grads[k] for k in work]
     ms = [bufs[k] for k in work] if bufs else []
@@ -86,21 +84,20 @@ def fused_split_step_(
         if bool(flags[i].any()):
             _exact_split_(ws[i], gs[i], ms[i] if ms else None, shapes[3 * i: 3 * i + 3], p_common, scales[i],
                           1 - lr * weight_decay, beta, nesterov, combined[i][1], flags[i], reduce)
-    done = set(work)
-    return [k for k in range(len(params)) if k not in done]
+    return rest
 
 
 def _exact_split_(w, g, m, shape, p, c, decay, momentum, nesterov, tops, flags, reduce: Reduce) -> None:
     """The flagged rows or columns of a split step: ``direction`` and ``phi_p`` of :mod:`moga.numerics` (exact
     at any magnitude) in float64 on the (B, K, N) view, its sums combined over the ranks. Their maxima are the
     kernel's combined ones, so only the sum crosses the ranks."""
-    math_dtype = torch.float64 if w.dtype == torch.float64 else torch.float32
+    compute = math_dtype(w.dtype)
     b, k, n = shape
-    d = direction(g.to(math_dtype), None if m is None else m.to(math_dtype), momentum, nesterov)
+    d = direction(g.to(compute), None if m is None else m.to(compute), momentum, nesterov)
     peak = tops.double().view(b, 1, n)
     lmo = phi(d.double().view(b, k, n), p, (1,), lambda x, op: peak if op == "max" else reduce(x, op))
     wv = w.view(b, k, n)
-    new = (wv.to(math_dtype) * decay).double() + c * lmo
+    new = (wv.to(compute) * decay).double() + c * lmo
     wv.copy_(torch.where(flags.view(b, 1, n), new.to(w.dtype), wv))
 
 
@@ -112,7 +109,7 @@ def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
     return _op("found_nonfinite", tensors[0].device)(tensors) == 0
 
 
-_PUBLIC_OPS = {"lmo_step": "lmo_step_", "found_nonfinite": "found_nonfinite"}  # library op -> custom op
+_PUBLIC_OPS = {"lmo_step": "lmo_step_op", "found_nonfinite": "found_nonfinite"}  # library op -> custom op
 
 
 def _op(name: str, device: torch.device):

@@ -155,7 +155,7 @@ class SwiGLU(nn.Module):
         return self.dropout(self.c_proj(F.silu(self.gate(x)) * self.up(x)))
 
 
-def _norm(config: GPTConfig) -> nn.Module:
+def _layer_norm(config: GPTConfig) -> nn.Module:
     if config.style == "llama":
         return nn.RMSNorm(config.n_embd, eps=1e-6)
     return nn.LayerNorm(config.n_embd, bias=config.has_bias)
@@ -164,9 +164,9 @@ def _norm(config: GPTConfig) -> nn.Module:
 class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = _norm(config)
+        self.ln_1 = _layer_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = _norm(config)
+        self.ln_2 = _layer_norm(config)
         self.mlp = SwiGLU(config) if config.style == "llama" else MLP(config)
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
@@ -195,7 +195,7 @@ class GPT(nn.Module):
             self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.style == "gpt2" else None
             self.drop = nn.Dropout(config.dropout)
             self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-            self.ln_f = _norm(config)
+            self.ln_f = _layer_norm(config)
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
             if config.tie_weights:
                 self.lm_head.weight = self.wte.weight

@@ -21,7 +21,7 @@ NORMS = ("batch", "none")
 PAPER_STAGES = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3), "resnet66": (8, 8, 8, 8)}
 
 
-def _norm(kind: str, channels: int) -> nn.Module:
+def _channel_norm(kind: str, channels: int) -> nn.Module:
     return nn.BatchNorm2d(channels) if kind == "batch" else nn.Identity()
 
 
@@ -35,9 +35,9 @@ class BasicBranch(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int, norm: str):
         super().__init__()
         self.conv1 = _conv(c_in, c_out, 3, stride, norm)
-        self.norm1 = _norm(norm, c_out)
+        self.norm1 = _channel_norm(norm, c_out)
         self.conv2 = _conv(c_out, c_out, 3, 1, norm)
-        self.norm2 = _norm(norm, c_out)
+        self.norm2 = _channel_norm(norm, c_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm2(self.conv2(F.relu(self.norm1(self.conv1(x)))))
@@ -49,7 +49,7 @@ class BasicBlock(nn.Module):
         self.branch = BasicBranch(c_in, c_out, stride, norm)
         self.shortcut = nn.Identity()
         if stride != 1 or c_in != c_out:  # projection shortcut: a 1x1 conv, not scaled
-            self.shortcut = nn.Sequential(_conv(c_in, c_out, 1, stride, norm), _norm(norm, c_out))
+            self.shortcut = nn.Sequential(_conv(c_in, c_out, 1, stride, norm), _channel_norm(norm, c_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(self.shortcut(x) + self.branch(x))  # the branch output carries alpha (moga.depth)
@@ -86,7 +86,7 @@ class CifarResNet(nn.Module):
         self.depth = sum(stages)  # K, the number of residual blocks
         with seeded(seed):
             stem_conv = _conv(in_channels, base_channels, 3, 1, norm)
-            self.stem = nn.Sequential(stem_conv, _norm(norm, base_channels), nn.ReLU())
+            self.stem = nn.Sequential(stem_conv, _channel_norm(norm, base_channels), nn.ReLU())
             blocks, c_in = [], base_channels
             for i, n in enumerate(stages):
                 c_out = base_channels * 2**i

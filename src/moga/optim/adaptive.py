@@ -14,7 +14,8 @@ import math
 import torch
 from torch.optim import Optimizer
 
-NONFINITE_POLICIES = ("skip", "raise", "ignore")
+from moga.optim.nonfinite import check_policy
+
 
 
 def _log_expm1(a: float) -> float:
@@ -125,8 +126,7 @@ class AdaptiveGD(Optimizer):
 
     def __init__(self, params, alpha: float = 1.0, layers: int = 2, *, w0_norm: float | None = None,
                  nonfinite: str = "skip"):
-        if nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        check_policy(nonfinite)
         if not math.isfinite(alpha) or alpha < 0:
             raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
         if int(layers) != layers or layers < 1:

@@ -22,18 +22,23 @@ from torch.optim import Optimizer
 
 from moga.geometry import Geometry, parse_geometry
 from moga.kernels import check_kernel, covers, fused_available
-from moga.optim import fused, nonfinite, precision, sharded
-from moga.optim.functional import adam_steps_, lmo_steps_
+from moga.optim import fused, nonfinite, precision, sharded, whole
+from moga.optim.functional import adam_steps_, average_, lmo_step_
 from moga.optim.groups import GroupPlan, check_state_matches, name_of, plan_group
 from moga.optim.multipliers import apply_multipliers
-from moga.optim.nonfinite import POLICIES as NONFINITE_POLICIES
+from moga.optim.nonfinite import check_policy
 from moga.optim.options import SHARED_DEFAULTS, check_hyperparameters, warn_if_decay_diverges
-from moga.optim.sharded import WholeJob, local
+from moga.optim.sharded import local
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace
 
 __all__ = ["GeometryOptimizer", "warn_if_decay_diverges"]
 _D = SHARED_DEFAULTS
+
+
+def _pick(ks: list[int], *lists: list | None) -> list:
+    """Each of ``lists`` (None stays None) at the indices ``ks``."""
+    return [None if xs is None else [xs[k] for k in ks] for xs in lists]
 
 
 class GeometryOptimizer(Optimizer):
@@ -104,8 +109,7 @@ class GeometryOptimizer(Optimizer):
         distributed: bool | None = _D["distributed"],
         kernel: str = _D["kernel"],
     ):
-        if nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        nonfinite = check_policy(nonfinite)
         self.kernel = check_kernel(kernel)
         self.state_dtype = precision.state_dtype(state_dtype)
         self.master_weights = bool(master_weights)
@@ -212,10 +216,6 @@ class GeometryOptimizer(Optimizer):
         agree on every rank. ``grad_scale``: the gradients are that many times the true ones; they are divided
         by it in place first. torch.amp.GradScaler passes both, as the attributes ``found_inf`` and
         ``grad_scale`` that it sets around the call."""
-        if found_inf is None:
-            found_inf = getattr(self, "found_inf", None)
-        if grad_scale is None:
-            grad_scale = getattr(self, "grad_scale", None)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -226,49 +226,71 @@ class GeometryOptimizer(Optimizer):
         if not nonfinite.lr_finite(work, self.nonfinite):
             self._skipped_host += 1
             return loss
-        split = sharded.replicated_world(self.distributed)
+        replicated = sharded.replicated_world(self.distributed)
         for _, plan, _, _ in work:  # refused before anything changes
-            sharded.check_stateful_split(plan.geometry, split)
-        self._init_group(self.param_groups[work[0][0]])  # every group's state, in one call (see there)
-        if grad_scale is not None:
-            precision.unscale_([local(p.grad) for *_, params in work for p in params], grad_scale)
-        if found_inf is None:
-            ok = nonfinite.gradients_ok(work, self.nonfinite, self.kernel)
-            gate = None if ok is None else nonfinite.Gate(~ok, ok)
-        else:  # the caller's verdict: no pass over the gradients, and only the ops the step's paths need
-            gate = nonfinite.Gate(nonfinite.flag_skip(work, found_inf, self.nonfinite))
-        whole: list[WholeJob] = []  # steps that need whole matrices, split among ranks after the loop
+            sharded.check_stateful_split(plan.geometry, replicated)
+        gate = self._gate(work, found_inf, grad_scale)
+        ok = None if gate is None else gate.ok
+        jobs: list[whole.WholeJob] = []  # whole-matrix steps, split among ranks after every group's own
         rounding = []
         for _, plan, group, params in work:
             if group["update"] == "adam":
                 self._adam_step(plan, group, params, gate)
                 continue
-            momentum = group["momentum"]
-            bufs = [self.state[p]["momentum_buffer"] for p in params] if momentum > 0 else None
-            if covers(plan.geometry) and fused_available(self.kernel, local(params[0]).device):
-                rest = fused.lmo_step(plan, group, params, bufs, None if gate is None else gate.skip,
-                                      self.master_weights)
-                bufs = None if bufs is None else [self.state[p]["momentum_buffer"] for p in rest]
-                params = rest
+            params = self._fused_lmo_step(plan, group, params, gate)
             if not params:
                 continue
             # What is left (spectral, p = inf, master copies, kernel="torch", CUDA shards split over ranks)
             # steps here, DTensor parameters on their local shards (moga.optim.sharded).
-            ok = None if gate is None else gate.ok
             targets = precision.master_targets(self.state, params, self.master_weights)
             rounding.append((params, targets))
-            moments = [self.state[p]["row_moment"] for p in params] if plan.stateful else None
-            whole += lmo_steps_(
-                plan.geometry, [plan.layout(p) for p in params], params, [local(t) for t in targets],
-                precision.compute_grads(params, ok), None if bufs is None else [local(b) for b in bufs],
-                lr=group["lr"], momentum=momentum, nesterov=group["nesterov"], weight_decay=group["weight_decay"],
-                ok=ok, workspace=self._workspace, split_replicated=split, moments=moments)
-        sharded.step_whole(whole)
+            targets = [local(t) for t in targets]
+            grads, layouts = precision.compute_grads(params, ok), [plan.layout(p) for p in params]
+            bufs = [local(self.state[p]["momentum_buffer"]) for p in params] if group["momentum"] > 0 else None
+            hyper = dict(lr=group["lr"], momentum=group["momentum"], nesterov=group["nesterov"])
+            mine, theirs = whole.split(plan.geometry, layouts, params, replicated)
+            if theirs:
+                jobs += whole.steps_(plan.geometry, *_pick(theirs, layouts, params, targets, grads, bufs), **hyper,
+                                     weight_decay=group["weight_decay"], ok=ok, workspace=self._workspace,
+                                     split_replicated=replicated)
+            if not mine:
+                continue
+            ms = average_(*_pick(mine, targets, grads, bufs), lr=group["lr"], momentum=group["momentum"],
+                          weight_decay=group["weight_decay"], ok=ok)
+            hyper["lr"] = nonfinite.gate(ok, group["lr"], 0.0)  # 0 on a skipped step: a no-op in every geometry
+            for i, k in enumerate(mine):  # the one-tensor step of moga.optim.functional, as written there
+                lmo_step_(targets[k], grads[k], None if ms is None else ms[i], geometry=plan.geometry,
+                          layout=layouts[k], **hyper, averaged=True, ok=ok, workspace=self._workspace,
+                          reduce=sharded.reducer(params[k], plan.geometry, layouts[k]),
+                          moment=self.state[params[k]]["row_moment"] if plan.stateful else None)
+        whole.step_jobs(jobs)
         for params, targets in rounding:
             precision.round_into(params, targets)
         if gate is not None:
             self._skipped_device.add_(gate.skip.to(self._skipped_device.device))
         return loss
+
+    def _gate(self, work, found_inf: torch.Tensor | None, grad_scale: torch.Tensor | None) -> nonfinite.Gate | None:
+        """The step's non-finite verdict, after every state tensor is made and the gradients are unscaled."""
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        self._init_group(self.param_groups[work[0][0]])  # every group's state, in one call (see there)
+        if grad_scale is not None:
+            precision.unscale_([local(p.grad) for *_, params in work for p in params], grad_scale)
+        if found_inf is None:
+            ok = nonfinite.gradients_ok(work, self.nonfinite, self.kernel)
+            return None if ok is None else nonfinite.Gate(~ok, ok)
+        # the caller's verdict: no pass over the gradients, and only the ops the step's paths need
+        return nonfinite.Gate(nonfinite.flag_skip(work, found_inf, self.nonfinite))
+
+    def _fused_lmo_step(self, plan: GroupPlan, group: dict, params: list, gate: nonfinite.Gate | None) -> list:
+        """The fused kernel on the group's tensors it covers; returns the parameters left to the plain path."""
+        if not (covers(plan.geometry) and fused_available(self.kernel, local(params[0]).device)):
+            return params
+        bufs = [self.state[p]["momentum_buffer"] for p in params] if group["momentum"] > 0 else None
+        return fused.lmo_group_(plan, group, params, bufs, None if gate is None else gate.skip, self.master_weights)
 
     def _work(self) -> list[tuple]:
         """(index, plan, group, parameters to step) of each group with gradients; bad gradients raise here."""
@@ -293,7 +315,7 @@ class GeometryOptimizer(Optimizer):
         for step in steps:  # not _foreach_add_: its CUDA kernel reads a tensor count on the host
             step.add_(count)
         if fused.adam_applies(params, exp_avgs, exp_avg_sqs, self.master_weights):
-            fused.adam_step(plan, group, params, exp_avgs, exp_avg_sqs, steps, None if gate is None else gate.found)
+            fused.adam_group_(plan, group, params, exp_avgs, exp_avg_sqs, steps, None if gate is None else gate.found)
             return
         ok = None if gate is None else gate.ok
         targets = precision.master_targets(self.state, params, self.master_weights)

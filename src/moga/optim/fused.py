@@ -1,8 +1,8 @@
 """The fused steps: one pass per tensor where a kernel takes the group, tested equal to
 :mod:`moga.optim.functional`.
 
-``lmo_step`` hands row, col, sign and embedding groups to :mod:`moga.kernels` (C++ on CPU tensors and the
-local shards of FSDP2 parameters, the compiled kernel on CUDA); ``adam_step`` hands Adam groups to torch's
+``lmo_group_`` hands row, col, sign and embedding groups to :mod:`moga.kernels` (C++ on CPU tensors and the
+local shards of FSDP2 parameters, the compiled kernel on CUDA); ``adam_group_`` hands Adam groups to torch's
 fused AdamW kernel. Each returns what it left to the plain path, or says up front that it cannot run.
 A skipped step (``ok`` False) leaves everything untouched inside the kernel, without a host read.
 """
@@ -17,7 +17,7 @@ from moga.optim.precision import low_precision, same_memory_order
 from moga.optim.sharded import local
 
 
-def lmo_step(plan, group: dict, params: list[torch.Tensor], bufs: list[torch.Tensor] | None,
+def lmo_group_(plan, group: dict, params: list[torch.Tensor], bufs: list[torch.Tensor] | None,
              skip: torch.Tensor | None, master_weights: bool) -> list[torch.Tensor]:
     """The fused kernel on the parameters it covers, plain tensors and the local shards of DTensors; ``bufs``
     are their momentum buffers (None without momentum), ``skip`` the step's 0-d verdict (set: touch nothing;
@@ -63,7 +63,7 @@ def adam_applies(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_a
             and same_memory_order([local(p) for p in params], [local(p.grad) for p in params], exp_avgs, exp_avg_sqs))
 
 
-def adam_step(plan, group: dict, params, exp_avgs, exp_avg_sqs, steps, found_inf: torch.Tensor | None) -> None:
+def adam_group_(plan, group: dict, params, exp_avgs, exp_avg_sqs, steps, found_inf: torch.Tensor | None) -> None:
     """torch's fused AdamW kernel, one call per sign factor c: lr*c, and decay wd/c so that the decay stays
     lr*wd. One pass over the tensors instead of about six; ``found_inf`` (float32 1.0: skip) makes a skipped
     step return before touching anything."""

@@ -19,7 +19,13 @@ from moga.optim import sharded
 from moga.optim.precision import dense, same_memory_order
 from moga.optim.sharded import local
 
-POLICIES = ("skip", "raise", "ignore")
+POLICIES = ("skip", "raise", "ignore")  # the ``nonfinite`` option of every optimizer and of training configs
+
+
+def check_policy(nonfinite: str) -> str:
+    if nonfinite not in POLICIES:
+        raise ValueError(f"nonfinite must be one of {POLICIES}, got {nonfinite!r}")
+    return nonfinite
 
 
 def gate(ok: torch.Tensor | None, value: float, skipped: float):

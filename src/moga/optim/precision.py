@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from moga.numerics import math_dtype
 from moga.optim.sharded import local
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -25,10 +26,6 @@ def state_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def low_precision(p: torch.Tensor) -> bool:
     return p.dtype in LOW_PRECISION
-
-
-def compute_dtype(p: torch.Tensor) -> torch.dtype:
-    return torch.float32 if low_precision(p) else p.dtype
 
 
 def in_compute_dtype(state: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -71,8 +68,9 @@ def compute_grads(params, ok: torch.Tensor | None, sanitize: bool = False) -> li
     out = []
     for p in params:
         g = local(p.grad)
-        if g.dtype != compute_dtype(p):
-            g = g.to(compute_dtype(p)) if ok is None else torch.where(ok, g, 0.0).to(compute_dtype(p))
+        compute = math_dtype(p.dtype)
+        if g.dtype != compute:
+            g = g.to(compute) if ok is None else torch.where(ok, g, 0.0).to(compute)
         elif sanitize and ok is not None:
             g = torch.where(ok, g, 0.0)
         out.append(g)

@@ -9,6 +9,8 @@ on to), less the options a training config does not set.
 from __future__ import annotations
 
 import inspect
+import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,16 +37,36 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def signature_keys(*functions: Callable) -> frozenset[str]:
-    """The keywords ``functions`` take, with the shared options where one passes ``**options`` on to the base
-    class (:class:`~moga.optim.options.SharedOptions`), less :data:`NOT_CONFIG_KEYS`."""
-    keys: set[str] = set()
+def signature_types(*functions: Callable) -> dict[str, object]:
+    """{keyword: its annotation (``typing.Any`` where none resolves)} of what ``functions`` take, with the shared
+    options where one passes ``**options`` on to the base class (:class:`~moga.optim.options.SharedOptions`),
+    less :data:`NOT_CONFIG_KEYS`."""
+    types: dict[str, object] = {}
     for f in functions:
         params = inspect.signature(f).parameters.values()
-        keys |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        scope = vars(sys.modules[f.__module__])
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in NOT_CONFIG_KEYS:
+                types.setdefault(p.name, _resolved(p.annotation, scope))
         if isinstance(f, type) and any(p.kind is p.VAR_KEYWORD for p in params):
-            keys |= set(SharedOptions.__annotations__)
-    return frozenset(keys - NOT_CONFIG_KEYS)
+            shared = typing.get_type_hints(SharedOptions)
+            types.update({k: v for k, v in shared.items() if k not in NOT_CONFIG_KEYS and k not in types})
+    return types
+
+
+def _resolved(annotation, scope: dict):
+    """A signature's annotation (a string under ``from __future__ import annotations``) as a type."""
+    if annotation is inspect.Parameter.empty:
+        return typing.Any
+    try:
+        return eval(annotation, scope) if isinstance(annotation, str) else annotation  # noqa: S307 (our own source)
+    except Exception:
+        return typing.Any
+
+
+def signature_keys(*functions: Callable) -> frozenset[str]:
+    """The keys of :func:`signature_types`."""
+    return frozenset(signature_types(*functions))
 
 
 @dataclass(frozen=True)
@@ -121,4 +143,17 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {e.name: e for e in (
                    description="the convergence paper's adaptive gradient descent"),
 )}
 OPTIMIZER_NAMES = tuple(OPTIMIZERS)
+
+
+def config_options() -> dict[str, tuple[object, tuple[str, ...]]]:
+    """{config key: (its type, the optimizers that read it)} over every optimizer: the training config's optim
+    section is made from this (:mod:`moga.train.config`)."""
+    out: dict[str, tuple[object, tuple[str, ...]]] = {}
+    for e in OPTIMIZERS.values():
+        reached = getattr(e.build, "passes_to", None)
+        types = signature_types(e.build, *([reached] if reached else []))
+        for key in sorted(e.keys):
+            kind, readers = out.get(key, (types.get(key, typing.Any), ()))
+            out[key] = (kind, (*readers, e.name))
+    return out
 UNIT_STEP_OPTIMIZERS = tuple(n for n, e in OPTIMIZERS.items() if e.unit_steps)

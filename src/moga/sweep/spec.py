@@ -53,9 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from moga.optim.multipliers import preset_options
 from moga.optim.muon import MUON_DEFAULT, MUON_PRESETS
 from moga.train.build import model_kwargs
-from moga.train.config import (
-    ConfigError, apply_overrides, build_config, read_config_file, resolve_config_path, single_path_component
-)
+from moga.train.config import build_config, single_path_component
+from moga.train.config_files import ConfigError, apply_overrides, read_config_file, resolve_config_path
 
 
 class SweepError(ValueError):

@@ -12,7 +12,8 @@ from moga.extras import needs_cli_extra
 
 with needs_cli_extra("moga.train"):  # yaml, pydantic: `python -m moga.train` says how to get them
     from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from .config import ConfigError, RunConfig, apply_overrides, build_config, config_diff, config_hash, load_config
+    from .config import ConfigError, RunConfig, apply_overrides, build_config, load_config
+    from .hashing import config_diff, config_hash
     from .engine import DIVERGED, FINISHED, STOPPED, Trainer, read_result, run
     from .lr_range import lr_range_test
     from .metrics import read_metrics

@@ -17,7 +17,7 @@ from pathlib import Path
 from moga.files import write_bytes
 
 from .checkpoint import CheckpointError, load_checkpoint
-from .config import config_diff
+from .hashing import config_diff
 
 
 def branch_state(cfg, run_dir: Path, metrics_name: str) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import hash_diff
+from .hashing import hash_diff
 
 FORMAT = "moga.train.checkpoint"
 VERSION = 1

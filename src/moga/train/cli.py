@@ -134,7 +134,7 @@ def train(
     shown = {k: result.get(k) for k in ("status", "steps", "final_train_loss", "val_loss", "val_acc", "wall_time_s")
              if k in result}
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one line, not one per process
-        typer.echo(f"{directory}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
+        typer.echo(f"{directory}: " + ", ".join(f"{k} {_shown_value(v)}" for k, v in shown.items()))
 
 
 _TRAIN_HELP = """Train a model; its run directory gets config.yaml, metrics.jsonl, checkpoint.pt (train.parallel=fsdp:
@@ -168,7 +168,7 @@ def _paragraphs(text: str) -> str:
 train.__doc__ = _paragraphs(_TRAIN_HELP) + "\n\n" + config_reference()
 
 
-def _fmt(v) -> str:
+def _shown_value(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)
 
 

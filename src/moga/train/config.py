@@ -10,36 +10,25 @@ resumes under the same config.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import math
-import re
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, create_model,
+                      field_validator, model_validator)
 
-from moga.optim.multipliers import PRESET_NAMES, preset_options
-from moga.optim.muon import MOGA_MUON, MUON_PRESET_NAMES, MUON_PRESETS, PUBLISHED
-from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS
+from moga.optim.multipliers import PRESET_NAMES
+from moga.optim.muon import MUON_PRESET_NAMES
+from moga.optim.nonfinite import POLICIES as NONFINITE_POLICIES
+from moga.optim.registry import OPTIMIZER_NAMES, OPTIMIZERS, UNIT_STEP_OPTIMIZERS, config_options
 from moga.geometry import SPECTRAL_SCALES, parse_geometry
 from moga.roles import ADAM_PREFIX, ROLES
+from moga.train.config_files import ConfigError, apply_overrides, read_config_file
+from moga.train.hashing import config_hash
 
-try:  # TOML configs: the standard library's reader from Python 3.11, else the tomli package where installed
-    import tomllib
-except ModuleNotFoundError:
-    try:
-        import tomli as tomllib
-    except ModuleNotFoundError:
-        tomllib = None
-
-
-class ConfigError(ValueError):
-    """A config that cannot run: unknown key, wrong type, or values that contradict each other."""
 
 
 def single_path_component(name: str | None, what: str) -> str | None:
@@ -164,40 +153,44 @@ class DataConfig(_Section):
         return self
 
 
-# The keys some optimizer reads; each optimizer's own set is in moga.optim.registry. Every optimizer accepts
-# optim.preset: MOGA and Muon have presets, and a reproduction config pins one for all it sweeps.
-_OPTIONAL_OPTIM_KEYS = frozenset().union(*(e.keys for e in OPTIMIZERS.values())) - {"preset"}
+# The optimizer keys are declared by the optimizers' signatures (moga.optim.registry.config_options). The fields
+# below add ranges, choices and help where a type says too little; a key that no field declares is made from its
+# type (unset: the optimizer's default), so an option added to an optimizer is a config key and a command-line
+# override at once. Every optimizer accepts optim.preset: MOGA and Muon have presets, and a reproduction config
+# pins one for all it sweeps.
+_OPTIONS = config_options()
+_OPTIONAL_OPTIM_KEYS = frozenset(_OPTIONS) - {"preset"}
+_RUN_KEYS = frozenset({"name", "lr", "weight_decay", "step_rule", "smoothness", "smoothness_every"})  # not options
 
 
-class OptimConfig(_Section):
+class _OptimFields(_Section):
     name: Literal[OPTIMIZER_NAMES] = Field(  # type: ignore[valid-type]
         "moga", description=", ".join(f"{e.name} ({e.description})" for e in OPTIMIZERS.values()))
     lr: float | None = Field(None, ge=0, description="peak learning rate (adaptive-gd: its alpha); "
                              "default: the optimizer's")
     weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay (sgd: L2)")
-    momentum: float | None = Field(None, ge=0, lt=1, description="moga, muon, sgd")
-    nesterov: bool | None = Field(None, description="moga (unset: its preset's), muon (unset: on), sgd (unset: off)")
-    betas: tuple[float, float] | None = Field(None, description="Adam betas (moga vectors, muon's AdamW parts "
-                                              "(unset: its preset's), adamw)")
+    momentum: float | None = Field(None, ge=0, lt=1, description="the EMA's beta")
+    nesterov: bool | None = Field(None, description="unset: moga its preset's, muon on, sgd off")
+    betas: tuple[float, float] | None = Field(None, description="Adam betas (moga: on vectors; muon: its AdamW parts, "
+                                              "unset: its preset's)")
     eps: float | None = Field(None, gt=0, description="Adam eps")
-    fused: bool | None = Field(None, description="adamw, sgd: torch's fused kernel (unset: torch's default, on the "
-                               "CPU its per-tensor loop)")
-    p: float | None = Field(None, ge=1, description="moga: the row geometry's p")
-    embedding_q: float | None = Field(None, ge=1, description="moga, muon (preset moga): the embedding geometry's q")
-    vectors: Literal["adamw", "sign"] | None = Field(None, description="moga, muon: update of biases and gains")
+    fused: bool | None = Field(None, description="torch's fused kernel (unset: torch's default, on the CPU its "
+                               "per-tensor loop)")
+    p: float | None = Field(None, ge=1, description="the row geometry's p")
+    embedding_q: float | None = Field(None, ge=1, description="the embedding geometry's q (muon: preset moga)")
+    vectors: Literal["adamw", "sign"] | None = Field(None, description="update of biases and gains")
     scale: Literal[SPECTRAL_SCALES] | None = Field(  # type: ignore[valid-type]
-        None, description="muon: the orthogonalized step's factor, match_rms_adamw (0.2 sqrt(max(m, n)), "
+        None, description="the orthogonalized step's factor, match_rms_adamw (0.2 sqrt(max(m, n)), "
         "Moonlight's; unset: the preset's), torch (torch.optim.Muon's default sqrt(max(1, m/n))) or mean (sqrt(m/n))")
-    ns_steps: int | None = Field(None, gt=0, description="muon: Newton-Schulz steps")
-    ns_dtype: str | None = Field(None, description="muon: Newton-Schulz dtype (auto, float32, bfloat16; unset: "
+    ns_steps: int | None = Field(None, gt=0, description="Newton-Schulz steps")
+    ns_dtype: str | None = Field(None, description="Newton-Schulz dtype (auto, float32, bfloat16; unset: "
                                  "bfloat16 under scale torch, else auto)")
-    layers: int | None = Field(None, ge=1, description="adaptive-gd: L, the number of layers "
-                               "(default: from the model)")
+    layers: int | None = Field(None, ge=1, description="L, the number of layers (default: from the model)")
     overrides: dict[str, str | dict[Literal["role", "layout", "geometry"], str]] | None = Field(
         None, description="role-plan overrides {parameter glob: role}, or {parameter glob: {geometry: spec}} (also "
         "role, layout), e.g. {'*.attn.*.weight': {geometry: spectral}}: the orthogonalized step on attention only")
     lr_multipliers: dict[Literal[ROLES], Annotated[float, Field(gt=0, strict=True)]] | None = Field(  # type: ignore[valid-type]
-        None, description="moga family: {role: factor} on lr per role (embedding, readout, vector, ...); "
+        None, description="{role: factor} on lr per role (embedding, readout, vector, ...); "
         "sweepable as optim.lr_multipliers.ROLE")
     preset: Literal[PRESET_NAMES + MUON_PRESET_NAMES] | None = Field(  # type: ignore[valid-type]
         None, description="moga: a named set of defaults, lr multipliers per role (which optim.lr_multipliers "
@@ -206,13 +199,13 @@ class OptimConfig(_Section):
         "published recipe, AdamW on tables, head and vectors) or moga (moga's all-geometry Muon); MOGA's names run "
         "Muon's default. Other optimizers have one behaviour, which every name denotes; sweepable as optim.preset")
     geometries: dict[Literal[ROLES], str] | None = Field(  # type: ignore[valid-type]
-        None, description="moga family: {role: geometry spec} in place of the optimizer's, e.g. readout: sign, "
+        None, description="{role: geometry spec} in place of the optimizer's, e.g. readout: sign, "
         "or adam:sign (Adam's direction with the sign geometry's 1/fan_in); sweepable as optim.geometries.ROLE")
-    matrices: str | None = Field(None, description="moga: the geometry of input, hidden and conv matrices in "
+    matrices: str | None = Field(None, description="the geometry of input, hidden and conv matrices in "
                                  "place of row(p), e.g. 'col(q=2)' (the width paper's column normalization); "
                                  "the readout keeps row(p)")
-    nonfinite: Literal["skip", "raise"] | None = Field(None, description="moga family and adaptive-gd: "
-                                                       "non-finite gradients (and adaptive-gd's loss)")
+    nonfinite: Literal[NONFINITE_POLICIES] | None = Field(  # type: ignore[valid-type]
+        None, description="non-finite gradients (and adaptive-gd's loss)")
     step_rule: Literal["lr", "depth_paper"] = Field(
         "lr", description="lr: the schedule's rate; depth_paper (moga, muon, adamw-scaled): "
         "lr_t = min(schedule lr, ||grad||_block,* / L), the depth paper's eta* = ||grad||_*/L, so optim.lr is a cap")
@@ -251,6 +244,35 @@ class OptimConfig(_Section):
             raise ValueError(f"step_rule depth_paper needs unit steps in a norm: optimizer "
                              f"{', '.join(UNIT_STEP_OPTIMIZERS)}, not {self.name}")
         return self
+
+
+def _config_type(kind) -> object:
+    """A signature's type as pydantic validates it, or Any where it cannot (a torch.dtype)."""
+    try:
+        TypeAdapter(kind)
+        return kind
+    except Exception:
+        return Any
+
+
+def _optim_section() -> type[_OptimFields]:
+    """The optim section: the declared fields, a field for every other optimizer option, and each option's
+    help led by the optimizers that read it. A declared field no optimizer reads is an error here."""
+    declared = _OptimFields.model_fields
+    stale = sorted(set(declared) - set(_OPTIONS) - _RUN_KEYS)
+    if stale:
+        raise TypeError(f"optim fields that no optimizer's signature takes: {', '.join(stale)}")
+    made = {key: (_config_type(kind) | None, Field(None)) for key, (kind, _) in _OPTIONS.items() if key not in declared}
+    cls = create_model("OptimConfig", __base__=_OptimFields, __module__=__name__, **made)  # type: ignore[call-overload]
+    for key, field in cls.model_fields.items():
+        if key in _OPTIONS:
+            readers = ", ".join(_OPTIONS[key][1])
+            field.description = f"{readers}: {field.description}" if field.description else readers
+    cls.model_rebuild(force=True)
+    return cls
+
+
+OptimConfig = _optim_section()
 
 
 class ScheduleConfig(_Section):
@@ -408,239 +430,7 @@ class RunConfig(_Section):
         return config_hash(self)
 
 
-# Keys that do not change what a run computes: a run may resume with other values for them (sections,
-# or dotted keys: where FSDP2 keeps the shards between steps changes no number).
-UNHASHED = ("name", "logging", "checkpoint", "train.offload", "train.branch_from")
-# Keys added after runs were stored: left out of the hash while at their default, so those runs keep theirs.
-LATER_KEYS = {"optim": {"step_rule": "lr", "smoothness": "max", "smoothness_every": 10, "matrices": None,
-                        "fused": None, "lr_multipliers": None,
-                        "geometries": None},
-              "train": {"parallel": "auto", "precision": "fp32", "divergence_factor": 10.0},
-              "schedule": {"decay_fraction": 0.2}}
-
-
-def config_hash(cfg: RunConfig | Mapping) -> str:
-    d = cfg.to_dict() if isinstance(cfg, RunConfig) else dict(cfg)
-    for key in UNHASHED:
-        section, _, sub = key.partition(".")
-        if not sub:
-            d.pop(key, None)
-        elif isinstance(d.get(section), Mapping):
-            d[section] = {k: v for k, v in d[section].items() if k != sub}
-    for section, defaults in LATER_KEYS.items():
-        if isinstance(d.get(section), Mapping):
-            d[section] = {k: v for k, v in d[section].items() if k not in defaults or v != defaults[k]}
-    if isinstance(d.get("optim"), Mapping):
-        d["optim"] = _resolve_preset(d["optim"])
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _resolve_preset(optim: Mapping) -> dict:
-    """``optim`` with its preset's name replaced by what it computes (MOGA's): the preset's multipliers, when
-    there are any, and the momentum that runs. So the hash follows the numbers: a run on the default preset gets
-    a new hash when the default changes, and the paper's preset, whose momentum is plain, hashes as it always
-    has. Under a preset with Nesterov momentum, ``nesterov`` is written as what runs: True, or None (unset) for
-    plain momentum, the form of every config from before a preset set the momentum, so a run made then on the
-    default (embedding tables at lr/16, plain momentum) resumes with ``optim.nesterov=false``."""
-    optim = dict(optim)
-    name = optim.pop("preset", None) or "default"
-    if optim.get("name", "moga") == "muon":
-        # what Muon runs: the published recipe unless the preset is moga's all-geometry Muon, which hashes as
-        # every Muon run did before the published recipe became the default, so those runs resume with it
-        if MUON_PRESETS.get(name, PUBLISHED) is not MOGA_MUON:
-            optim["muon_preset"] = "published"
-        return optim
-    if optim.get("name", "moga") != "moga":
-        return optim
-    preset = preset_options(name)
-    if preset.lr_multipliers:
-        optim["preset_lr_multipliers"] = dict(preset.lr_multipliers)
-    if preset.nesterov:
-        optim["nesterov"] = True if optim.get("nesterov") in (None, True) else None
-    return optim
-
-
-def flatten_keys(d: Mapping, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping) and v:
-            out.update(flatten_keys(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def hash_diff(stored: RunConfig | Mapping, now: RunConfig | Mapping, stored_hash: str | None = None) -> list[str]:
-    """Why two configs hash apart: their differing keys, or, when none differs, the one input the hash resolves
-    beyond the keys, MOGA's default preset, which changed since ``stored`` ran. With ``stored_hash`` (the hash
-    the run was stored under), it names the setting that resumes the run, found by trying each: ``optim.preset=
-    paper`` (a run from when the default was the papers' choice) or ``optim.nesterov=false`` (from when it was the
-    embedding tables at lr/16 with plain momentum)."""
-    diff = config_diff(stored, now)
-    if diff:
-        return diff
-    optim = (now.to_dict() if isinstance(now, RunConfig) else dict(now)).get("optim") or {}
-    if optim.get("name") == "muon":
-        return [f"optim.preset: no key differs, but the hash counts which Muon runs, now {PUBLISHED.describe}; a run "
-                f"made before that was the default ran {MOGA_MUON.describe}, and resumes with optim.preset=moga"]
-    why = (f"optim.preset: no key differs, but the hash counts what MOGA's default preset runs, now "
-           f"{preset_options('default').describe()}")
-    if stored_hash is None:
-        return [f"{why}; a run made under an earlier default resumes with optim.preset=paper (made when the default "
-                f"was the papers' choice) or optim.nesterov=false (the embedding tables at lr/16, plain momentum)"]
-    now = now.to_dict() if isinstance(now, RunConfig) else json.loads(json.dumps(now))
-    for key, value, then in (("preset", "paper", "the papers' choice: every role at lr, plain momentum"),
-                             ("nesterov", False, "the embedding tables at lr/16, plain momentum")):
-        if config_hash({**now, "optim": {**now.get("optim", {}), key: value}}) == stored_hash:
-            return [f"{why}; this run was made when the default was {then}, and resumes with "
-                    f"optim.{key}={str(value).lower()}"]
-    return [f"{why}; no setting of this version reproduces the run's hash (it ran an earlier default with its own "
-            f"settings): start it again, or resume it with the moga version it ran under"]
-
-
-def config_diff(a: RunConfig | Mapping, b: RunConfig | Mapping, *, hashed_only: bool = True) -> list[str]:
-    """'key: a -> b' for every dotted key whose value differs."""
-    fa, fb = (flatten_keys(x.to_dict() if isinstance(x, RunConfig) else x) for x in (a, b))
-    keys = sorted(set(fa) | set(fb))
-    if hashed_only:
-        keys = [k for k in keys if k not in UNHASHED and k.split(".")[0] not in UNHASHED]
-    return [f"{k}: {fa.get(k, '<unset>')!r} -> {fb.get(k, '<unset>')!r}" for k in keys if fa.get(k) != fb.get(k)]
-
-
-# --- loading -------------------------------------------------------------------------------------
-
-# A config is small: these caps refuse a hostile file (a billion-laughs alias bomb is 1 KB of YAML that
-# expands to 10^9 values) in milliseconds instead of minutes and gigabytes later.
-MAX_CONFIG_BYTES = 1 << 20
-MAX_CONFIG_VALUES = 100_000
-MAX_CONFIG_DEPTH = 64  # a config nests a few levels; deeper would overflow the stack of whatever reads it next
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads 1e-3 as a string; learning rates are written that way, so read them as floats.
-    A key given twice is an error (YAML would silently keep the last value)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first given on line {seen[key].line + 1}): give each key "
-                    "once", key_node.start_mark)
-            seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep)
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)$|^[-+]?\.[0-9]+(?:[eE][-+]?[0-9]+)?$"),
-    list("-+0123456789."),
-)
-
-
-def _check_expanded_size(data: Any, where: str) -> None:
-    """Aliases share one object however often they are used; count the values as if each use were a copy."""
-    budget, stack = MAX_CONFIG_VALUES, [(data, 0)]
-    while stack:
-        node, depth = stack.pop()
-        budget -= 1
-        if budget < 0:
-            raise ConfigError(f"{where}: more than {MAX_CONFIG_VALUES} values once YAML aliases are expanded "
-                              "(an alias bomb?); a config is a few hundred values at most")
-        if depth > MAX_CONFIG_DEPTH:
-            raise ConfigError(_too_deep(where))
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-
-
-def _too_deep(where: str) -> str:
-    return f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep; a config nests a few"
-
-
-def _load_yaml(text: str, where: str) -> Any:
-    try:
-        data = yaml.load(text, Loader=_Loader)
-    except RecursionError:  # the parser recurses once per level
-        raise ConfigError(_too_deep(where)) from None
-    _check_expanded_size(data, where)
-    return data
-
-
-def parse_value(text: str) -> Any:
-    """An override value as a YAML scalar (or flow list/dict): 0.1, 1e-3, true, null, [0.9, 0.95], adamw."""
-    try:
-        return _load_yaml(text, f"override value {text[:40]!r}")
-    except yaml.constructor.ConstructorError as e:
-        raise ConfigError(f"override value {text!r}: {e.problem}") from None
-    except yaml.YAMLError:
-        return text
-
-
-def resolve_config_path(path: str | Path) -> Path:
-    """``path``, or, when it does not exist and reads ``configs/...`` (the README's examples), the copy that
-    ships inside the installed package, so that the README's commands run outside a repository checkout."""
-    path = Path(path)
-    if path.exists() or path.is_absolute() or path.parts[:1] != ("configs",):
-        return path
-    bundled = Path(__file__).resolve().parent.parent / path  # moga/configs/... in the package
-    return bundled if bundled.is_file() else path
-
-
-def read_config_file(path: str | Path) -> dict:
-    path = resolve_config_path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found")
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: {size} bytes is not a config (the limit is {MAX_CONFIG_BYTES} bytes)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
-    if path.suffix.lower() == ".toml":
-        if tomllib is None:
-            raise ConfigError("TOML configs need Python 3.11+ or the tomli package; or write the config in YAML")
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: invalid TOML: {e}") from None
-        except RecursionError:
-            raise ConfigError(_too_deep(str(path))) from None
-        _check_expanded_size(data, str(path))
-    else:
-        try:
-            data = _load_yaml(text, str(path))
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config is a mapping of sections, got {type(data).__name__}")
-    return data
-
-
-def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
-    """Apply dotted ``key=value`` overrides (``optim.lr=0.1``) to a nested dict, in place."""
-    for item in overrides or ():
-        key, sep, value = item.partition("=")
-        key = key.strip().removeprefix("--")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not key=value (for example optim.lr=0.01)")
-        node = data
-        parts = key.split(".")
-        for i, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
-            node = child
-        node[parts[-1]] = parse_value(value)
-    return data
-
+# --- loading: the files themselves are read by moga.train.config_files ------------------------------
 
 # section name -> its model class, e.g. "optim" -> OptimConfig
 _SECTIONS = {name: f.annotation for name, f in RunConfig.model_fields.items()

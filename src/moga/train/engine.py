@@ -48,8 +48,9 @@ from .checkpoint import (
     DATA_FINGERPRINT, CheckpointError, check_data, load_checkpoint, refuse_directory, rng_state, save_checkpoint,
     set_rng_state
 )
-from .config import RunConfig, as_config, dump_yaml, hash_diff, json_float
+from .config import RunConfig, as_config, dump_yaml, json_float
 from .diagnostics import StepInstruments, alignment_record
+from .hashing import hash_diff
 from .metrics import MetricsLog, TensorBoardSink, WandbSink, progress_line
 from .schedule import build_schedule
 from .tasks import build_task

@@ -10,13 +10,13 @@ baseline low, against MOGA). A cell **held** when the interval's upper end is wi
 be under-tuned (a win over a baseline whose best lr is on its grid's edge, a loss at a transferred lr on the
 edge). The claim held when every cell held, failed when any failed, and is undecided otherwise.
 
-The ablation (``configs/sweeps/ablation_*.yaml``) uses the same comparison: each value of the ablated axes at
+The ablation (``configs/research/ablation_*.yaml``) uses the same comparison: each value of the ablated axes at
 its own tuned lr against MOGA's default (the first value of each axis), per width:
 ``python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...]`` (a follow-up sweep that adds a
 choice is judged with the first), or against the best baseline tuned at each width, the gap:
-``... ablation RUN_DIR --baseline BASELINE_RUN_DIR`` (``configs/sweeps/gap_*.yaml``). ``... transfer RUN_DIR`` asks of a sweep over
+``... ablation RUN_DIR --baseline BASELINE_RUN_DIR`` (``configs/research/gap_*.yaml``). ``... transfer RUN_DIR`` asks of a sweep over
 one optimizer whether the value of its ``lr_key`` tuned at the smallest width (e.g. a role's lr multiplier,
-``configs/sweeps/multiplier_transfer.yaml``) serves every width. ``... versus RUN_DIR --baseline QUALITY_RUN_DIR``
+``configs/research/multiplier_transfer.yaml``) serves every width. ``... versus RUN_DIR --baseline QUALITY_RUN_DIR``
 judges a sweep of the subject under another setting against a quality run's tuned baselines.
 """
 
@@ -335,7 +335,7 @@ def ablation_table(entries: list[dict]) -> str:
 
 def ablation_report(run_dirs: Path | list[Path], baseline_dir: Path | list[Path] | None = None,
                     against: dict | None = None) -> str:
-    """The ablation table of one or more sweep run directories (``moga sweep configs/sweeps/ablation_*.yaml
+    """The ablation table of one or more sweep run directories (``moga sweep configs/research/ablation_*.yaml
     --out RUN_DIR``); with ``baseline_dir`` (sweeps of baseline optimizers over the same widths, one directory
     or several, e.g. AdamW's and Muon's) each value against the best of them tuned at each width. Several
     directories are judged as one sweep (see :func:`merged_ablation`); the table's json goes to the first."""
@@ -412,7 +412,7 @@ def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
 
 
 def versus_report(subject_dir: Path, claim_dir: Path, goal: float = GOAL) -> str:
-    """A sweep of the quality claim's subject under another setting (``configs/sweeps/quality_default.yaml``:
+    """A sweep of the quality claim's subject under another setting (``configs/research/quality_default.yaml``:
     MOGA's default against the claim's pinned papers' preset) judged against a quality run's tuned baselines:
     its rows take the place of the run's subject rows, and the comparison is the claim's own (:func:`compare`).
     The two base configs must agree outside ``optim``, the one block the subject's sweep may change."""

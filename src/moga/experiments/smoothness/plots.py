@@ -19,7 +19,7 @@ def _pyplot():
     return plt
 
 
-def _finite(xs, ys):
+def _finite_points(xs, ys):
     pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y) and y > 0]
     return [p[0] for p in pts], [p[1] for p in pts]
 
@@ -39,12 +39,12 @@ def plot_scaling(rows: list[dict], xkey: str, path: Path, xlabel: str, series: s
                 for phase, style in (("init", "-"), ("trained", "--")):
                     pts = sorted((r[xkey], r[quantity]) for r in rows if r.get("model", "") == model
                                  and r[series] == name and r["phase"] == phase)
-                    xs, ys = _finite([p[0] for p in pts], [p[1] for p in pts])
+                    xs, ys = _finite_points([p[0] for p in pts], [p[1] for p in pts])
                     if xs:
                         ax.plot(xs, ys, style, marker="o", ms=3, color=f"C{c}", label=f"{name}, {phase}")
             if xkey == "width" and quantity == "smoothness":  # the width paper's worst case for spectral
                 ref = sorted((r[xkey], r[quantity]) for r in rows if r[series] == "spectral" and r["phase"] == "init")
-                xs, ys = _finite([p[0] for p in ref], [p[1] for p in ref])
+                xs, ys = _finite_points([p[0] for p in ref], [p[1] for p in ref])
                 if xs:
                     ax.plot(xs, [ys[0] * math.sqrt(x / xs[0]) for x in xs], ":", color="0.5", label="~ sqrt(width)")
             ax.set_xscale("log", base=2)
