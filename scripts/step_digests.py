@@ -33,7 +33,8 @@ STEPS = 3
 NAN_STEP = 1  # the step whose gradient holds a NaN, in the configurations with one
 
 GEOMETRIES = ("row(p=2)", "row(p=1.5)", "row(p=1)", "row(p=inf)", "col(q=2)", "col(q=inf)", "sign",
-              "spectral", "spectral(scale=torch)", "embedding(q=2)", "vector")
+              "spectral", "spectral(scale=torch)", "embedding(q=2)", "vector", "row_spectral", "spectral_row",
+              "spectral_row(beta2=0.95)")
 
 
 class Net(nn.Module):

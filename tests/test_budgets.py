@@ -16,7 +16,7 @@ SRC = Path(moga.__file__).resolve().parent
 FILE_LINES, FUNCTION_LINES, FRAMES = 500, 60, 4
 
 LONG_FILES = {  # file -> why it may pass FILE_LINES for now
-    "depth/__init__.py": "issue 38 splits it into modules (another change of this turn)",
+    "geometry.py": "530 lines after the hybrid geometries (row_spectral, spectral_row) merged; to split by family",
     "roles.py": "the role plan: its builder, matcher and printout; to split with build_plan below",
     "train/engine.py": "the one training loop and its checkpoint/resume glue; to split",
     "sweep/store.py": "530 lines after the stores change of the same turn (merged at the end); to split",
@@ -28,6 +28,9 @@ LONG_FUNCTIONS = {  # module:function -> why it may pass FUNCTION_LINES for now
     "optim/base.py:GeometryOptimizer.__init__": "torch's Optimizer contract: params, plan, multipliers, kernel",
     "experiments/smoothness/convergence.py:convergence_experiment": "the experiment's loop; to split",
     "sweep/report/decision.py:decide_transfer": "the transfer verdict's cases, one after another",
+    "experiments/tune/plan.py:plan": "moga tune (merged in the same turn): the proxy ladder; to split",
+    "experiments/tune/run.py:tune": "moga tune (merged in the same turn): its loop over proxies; to split",
+    "experiments/tune/run.py:judge": "moga tune (merged in the same turn): the decision's cases; to split",
 }
 # Public wrappers: the same name for the function and the one it wraps.
 WRAPPERS = {
@@ -43,6 +46,10 @@ SHARED_NAMES = {  # name -> why two functions still share it (in code other chan
     "build_model": "models (by name) and train (from a config)", "table": "experiments",
     "train": "experiments/smoothness and train/cli", "trend": "experiments",
     "update_readme": "experiments/demo and reproduce", "write_outputs": "experiments/smoothness and sweep/report",
+    "__getattr__": "the lazy imports of moga/__init__.py and cli.py (PEP 562: the name is the protocol)",
+    "judge": "experiments/reproduce/quality and experiments/tune (tune merged in the same turn)",
+    "measure": "experiments/tune and smoothness (tune merged in the same turn)",
+    "plan": "experiments/tune and kernels/coverage (tune merged in the same turn)",
 }
 
 
