@@ -28,6 +28,7 @@ LONG_FUNCTIONS = {  # module:function -> why it may pass FUNCTION_LINES for now
     "optim/base.py:GeometryOptimizer.__init__": "torch's Optimizer contract: params, plan, multipliers, kernel",
     "experiments/smoothness/convergence.py:convergence_experiment": "the experiment's loop; to split",
     "sweep/report/decision.py:decide_transfer": "the transfer verdict's cases, one after another",
+    "train/engine.py:Trainer._loop": "62 lines with the alignment record (gap, merged in the same turn); to split",
     "experiments/tune/plan.py:plan": "moga tune (merged in the same turn): the proxy ladder; to split",
     "experiments/tune/run.py:tune": "moga tune (merged in the same turn): its loop over proxies; to split",
     "experiments/tune/run.py:judge": "moga tune (merged in the same turn): the decision's cases; to split",
@@ -51,6 +52,11 @@ SHARED_NAMES = {  # name -> why two functions still share it (in code other chan
     "measure": "experiments/tune and smoothness (tune merged in the same turn)",
     "plan": "experiments/tune and kernels/coverage (tune merged in the same turn)",
     "_named": "experiments/reproduce/run.py (pin, merged in the same turn) and sweep/report/summary.py",
+    # the gap-width reproduction and the alignment diagnostic (gap, merged in the same turn)
+    "verdict_fields": "experiments/reproduce/gap.py and run.py", "rejudge": "experiments/reproduce/gap.py and run.py",
+    "_describe": "experiments/reproduce/gap.py and train/config.py", "_num": "experiments/reproduce/gap.py and "
+    "sweep/report/document.py", "_finite": "experiments/reproduce/gap.py and quality.py",
+    "_mean": "experiments/reproduce/quality.py and smoothness/alignment.py",
 }
 
 
