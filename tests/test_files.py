@@ -44,6 +44,17 @@ def test_a_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path
     assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
 
 
+@pytest.mark.parametrize("opener", [open_append, open_lock])
+def test_appends_and_locks_refuse_a_hard_link(tmp_path, opener):
+    outside = tmp_path / "outside"
+    outside.write_text("precious\n")
+    (tmp_path / "run").mkdir()
+    os.link(outside, tmp_path / "run" / "metrics.jsonl")  # O_NOFOLLOW does not see a hard link
+    with pytest.raises(UnsafeFile, match="a hard link to another file"):
+        opener(tmp_path / "run" / "metrics.jsonl")
+    assert outside.read_text() == "precious\n"
+
+
 def test_a_fifo_is_not_a_file_to_append_to(tmp_path):
     os.mkfifo(tmp_path / "metrics.jsonl")
     with pytest.raises(UnsafeFile, match="not a regular file"):

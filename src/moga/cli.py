@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib
 
-import click
 import typer
+from typer.core import TyperGroup
 
 # name -> (module, attribute: a command function or a Typer app, its one-line help as `moga --help` shows it;
 # kept here, so that `moga --help` imports no command)
@@ -32,7 +32,7 @@ COMMANDS = {
 }
 
 
-def load_command(name: str) -> click.Command:
+def load_command(name: str):
     module, attribute, _ = COMMANDS[name]
     target = getattr(importlib.import_module(module), attribute)
     if not isinstance(target, typer.Typer):
@@ -43,7 +43,10 @@ def load_command(name: str) -> click.Command:
     return command
 
 
-class LazyGroup(click.Group):
+class LazyGroup(TyperGroup):
+    """A Typer group (typer runs its own copy of click: only its main maps typer.Exit to its code, Ctrl-C to 130
+    and a bad parameter to one line) that imports a subcommand when it runs."""
+
     def list_commands(self, ctx):
         return list(COMMANDS)
 
@@ -56,7 +59,7 @@ class LazyGroup(click.Group):
 
 
 HELP = "Geometry-aware optimizers, and the tools to show that a learning rate transfers."
-command = LazyGroup(name="moga", no_args_is_help=True, help=HELP)
+command = LazyGroup(name="moga", no_args_is_help=True, help=HELP, rich_markup_mode=None)  # plain help: no import
 
 
 def main() -> None:

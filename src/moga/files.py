@@ -90,9 +90,13 @@ def _open_nofollow(path: Path, flags: int) -> int:
         if e.errno == errno.ENXIO:  # a FIFO without a reader
             raise UnsafeFile(path, "not a regular file") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device would block or write elsewhere
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or write elsewhere
         os.close(fd)
         raise UnsafeFile(path, "not a regular file")
+    if st.st_nlink > 1:  # a hard link planted there would carry the writes to its other name, outside the run
+        os.close(fd)
+        raise UnsafeFile(path, "a hard link to another file")
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd
 
