@@ -230,7 +230,6 @@ class GeometryOptimizer(Optimizer):
         for _, plan, _, _ in work:  # refused before anything changes
             sharded.check_stateful_split(plan.geometry, replicated)
         gate = self._gate(work, found_inf, grad_scale)
-        ok = None if gate is None else gate.ok
         jobs: list[whole.WholeJob] = []  # whole-matrix steps, split among ranks after every group's own
         rounding = []
         for _, plan, group, params in work:
@@ -242,6 +241,7 @@ class GeometryOptimizer(Optimizer):
                 continue
             # What is left (spectral, p = inf, master copies, kernel="torch", CUDA shards split over ranks)
             # steps here, DTensor parameters on their local shards (moga.optim.sharded).
+            ok = None if gate is None else gate.ok  # made here: a step the kernels cover needs only gate.skip
             targets = precision.master_targets(self.state, params, self.master_weights)
             rounding.append((params, targets))
             targets = [local(t) for t in targets]
