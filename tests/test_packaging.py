@@ -50,7 +50,7 @@ def test_readme_config_names_resolve_from_an_installed_copy(wheel, tmp_path):
     script = (
         "import sys; from moga.train.config import load_config; from moga.sweep.spec import Sweep\n"
         "for name in sys.argv[1:]:\n"
-        "    spec = Sweep.from_file(name) if '/sweeps/' in name else load_config(name)\n"
+        "    spec = Sweep.from_file(name) if '/sweeps/' in name or '/research/' in name else load_config(name)\n"
         "print(load_config('configs/train/shakespeare_char_gpt.yaml').model.name, Sweep.from_file("
         "'configs/sweeps/depth_transfer.yaml').source)\n"
     )

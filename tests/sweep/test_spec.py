@@ -1,5 +1,7 @@
 """Grid expansion and the errors a bad sweep config gives before anything runs."""
 
+import json
+
 import pytest
 
 from moga.sweep.spec import Sweep, SweepError, cell_id
@@ -123,6 +125,12 @@ def test_a_grid_too_large_to_run_is_refused_with_its_size_at_once():
                  "optim.lr": {"by": "optim.name", "values": {"moga": {"pow2": [-40, 9]}, "adamw": [0.1]}}}
     with pytest.raises(SweepError, match="makes up to 20000 with the dependent axes"):
         sweep(axes=dependent)
+
+
+def test_overrides_leave_the_callers_base_as_it_was():
+    before = json.dumps(BASE, sort_keys=True)
+    sweep(axes={"optim.lr": [0.1], "model.depth": [1]}, overrides={"optim.lr_multipliers": {"vector": 0.5}, "train.steps": 2})
+    assert json.dumps(BASE, sort_keys=True) == before
 
 
 def test_a_dependent_override_sets_a_key_on_the_cells_it_selects_without_changing_their_ids():

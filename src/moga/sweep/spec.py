@@ -39,6 +39,7 @@ changing their ids (so a sweep can pin, say, Muon's preset and still resume the 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -210,7 +211,7 @@ class Sweep:
                 base_path = root / base_path
             base = read_config_file(base_path)
         else:
-            base = dict(spec.base)
+            base = copy.deepcopy(spec.base)  # overrides below change nested dicts: never the caller's
         try:
             apply_overrides(base, [f"{k}={json.dumps(v)}" for k, v in spec.overrides.items() if not _is_dependent(v)])
         except ConfigError as e:
