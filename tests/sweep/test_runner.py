@@ -5,6 +5,7 @@ import math
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -122,6 +123,26 @@ def test_extending_the_grid_keeps_finished_cells_and_runs_only_new_ones(tmp_path
     # narrowing the grid again keeps the finished cells in the store, out of the records
     run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
     assert len(store.cells()) == 5 and len(records(store)) == 2
+
+
+def test_a_killed_runs_claim_outside_a_narrower_grid_waits_for_the_grid_to_take_it_back(tmp_path):
+    """A staged sweep (reproduce gap-width) resumes at its first, narrowest stage: the cell a killed run held at a
+    later stage is dropped there, not refused as damage, and resumes from its run directory when its stage comes."""
+    out = tmp_path / "out"
+    small = {"optim.name": ["moga"], "model.depth": [1], "optim.lr": [0.05]}
+    wider = {"optim.name": ["moga"], "model.depth": [1, 3], "optim.lr": [0.05]}
+    run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
+    wide = Sweep.from_file(write_sweep(tmp_path, axes=wider))
+    store = SweepStore(out)
+    store.create_or_check(wide)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    owner = f"{socket.gethostname()}:{dead.stdout.strip()}:killed"
+    claim = store.claim(owner, timeout=3600)
+    assert claim["params"]["model.depth"] == 3 and _owner_is_dead(owner)
+    counts = run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
+    assert counts["finished"] == 1 and claim["id"] not in {c["id"] for c in store.cells()}
+    counts = run_sweep(wide, out, progress=False)
+    assert counts["finished"] == 2 and {c["id"]: c["status"] for c in store.cells()}[claim["id"]] == "finished"
 
 
 def test_a_different_base_config_is_refused(tmp_path):

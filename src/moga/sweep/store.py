@@ -401,8 +401,12 @@ class SweepStore:
         con.executemany("INSERT INTO cells (id, idx, params, updated) VALUES (?, ?, ?, ?)",
                         [(cid, start + i, json.dumps(c), now) for i, (cid, c) in enumerate(new)])
         keep = set(grid)
-        gone = [cid for (cid,) in con.execute("SELECT id FROM cells WHERE status IN ('pending', 'failed')")
-                if cid not in keep]
+        # waiting cells that left the grid go, and so do the claims of a killed run (a staged sweep resumes at a
+        # narrower grid than the one it was killed in); their run directories stay and resume when the grid
+        # takes them back
+        gone = [cid for (cid, status, owner) in
+                con.execute("SELECT id, status, owner FROM cells WHERE status IN ('pending', 'failed', 'running')")
+                if cid not in keep and (status != Status.RUNNING or _owner_is_dead(owner))]
         con.executemany("DELETE FROM cells WHERE id = ?", [(cid,) for cid in gone])
         con.execute("INSERT OR REPLACE INTO meta VALUES ('sweep', ?)", (definition,))
         con.execute("INSERT OR REPLACE INTO meta VALUES ('grid', ?)", (json.dumps(grid),))
