@@ -376,7 +376,7 @@ class SweepStore:
         with self._write(create=True) as con:
             row = con.execute("SELECT value FROM meta WHERE key = 'sweep'").fetchone()
             if row is not None and row[0] == definition:
-                return {"added": 0, "dropped": 0}
+                return {"added": 0, "dropped": self._drop_outside(con, set(grid), waiting=False)}
             if row is None:
                 con.execute("INSERT INTO meta VALUES ('sweep', ?)", (definition,))
                 con.execute("INSERT INTO meta VALUES ('created', ?)", (str(time.time()),))
@@ -400,19 +400,23 @@ class SweepStore:
         new = [(cid, c) for cid, c in zip(grid, sweep.cells) if cid not in have]
         con.executemany("INSERT INTO cells (id, idx, params, updated) VALUES (?, ?, ?, ?)",
                         [(cid, start + i, json.dumps(c), now) for i, (cid, c) in enumerate(new)])
-        keep = set(grid)
-        # waiting cells that left the grid go, and so do the claims of a killed run (a staged sweep resumes at a
-        # narrower grid than the one it was killed in); their run directories stay and resume when the grid
-        # takes them back
-        gone = [cid for (cid, status, owner) in
-                con.execute("SELECT id, status, owner FROM cells WHERE status IN ('pending', 'failed', 'running')")
-                if cid not in keep and (status != Status.RUNNING or _owner_is_dead(owner))]
-        con.executemany("DELETE FROM cells WHERE id = ?", [(cid,) for cid in gone])
+        dropped = self._drop_outside(con, set(grid))
         con.execute("INSERT OR REPLACE INTO meta VALUES ('sweep', ?)", (definition,))
         con.execute("INSERT OR REPLACE INTO meta VALUES ('grid', ?)", (json.dumps(grid),))
         con.execute("INSERT INTO events (cell, event, owner, time) VALUES ('*', ?, NULL, ?)",
-                    (f"extend +{len(new)} -{len(gone)}", now))
-        return {"added": len(new), "dropped": len(gone)}
+                    (f"extend +{len(new)} -{dropped}", now))
+        return {"added": len(new), "dropped": dropped}
+
+    @staticmethod
+    def _drop_outside(con, keep: set[str], waiting: bool = True) -> int:
+        """Drop the waiting cells (``waiting``) and a killed run's claims that are not in the grid ``keep``: a
+        staged sweep resumes at a narrower grid than the one it was killed in. Their run directories stay, and
+        resume when the grid takes them back."""
+        gone = [cid for (cid, status, owner) in
+                con.execute("SELECT id, status, owner FROM cells WHERE status IN ('pending', 'failed', 'running')")
+                if cid not in keep and (_owner_is_dead(owner) if status == Status.RUNNING else waiting)]
+        con.executemany("DELETE FROM cells WHERE id = ?", [(cid,) for cid in gone])
+        return len(gone)
 
     def grid(self) -> set[str] | None:
         """The ids of the current grid's cells (None for a store from before grids were recorded). Finished
