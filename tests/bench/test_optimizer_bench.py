@@ -204,3 +204,30 @@ def test_records_against_an_emulated_peer_are_skipped_by_default_with_a_line():
         result = CliRunner().invoke(app, ["bench", "optimizer", "--blocks", "1", "--repeats", "1", "--warmup", "0",
                                           "--only", "torch-adamw-fused", "--json"])
     assert result.exit_code == 0 and "skipped" not in result.output
+
+
+@pytest.mark.parametrize("name, plain", [("moga-row-p2-flag", "moga-row-p2"),
+                                         ("moga-adamw-scaled-flag", "moga-adamw-scaled")])
+def test_flag_records_step_as_their_plain_record_and_obey_the_flag(name, plain):
+    """A record handed the non-finite flag (a clear 0-d bool, as ``moga train`` hands clipping's verdict) steps bit
+    for bit as its record without one on finite gradients, and reads the flag: set, it leaves the weights."""
+    gen = torch.Generator().manual_seed(2)
+    shapes = ((12, 8), (8, 12))
+    grads = [torch.randn(s, generator=gen) for s in shapes]
+    start = [torch.randn(s, generator=gen) for s in shapes]
+    runs = {}
+    for n in (name, plain):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt = OPTIMIZERS[n](params)
+        opt.step()
+        runs[n] = (params, opt)
+    for a, b in zip(runs[name][0], runs[plain][0]):
+        assert torch.equal(a, b)
+    params, opt = runs[name]
+    assert opt.found_inf.dtype == torch.bool and opt.found_inf.dim() == 0 and not opt.found_inf
+    before = [p.detach().clone() for p in params]
+    opt.found_inf = torch.ones((), dtype=torch.bool)
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(params, before))

@@ -55,13 +55,12 @@ class KernelOnly(torch.optim.Optimizer):
                         nesterov=False, weight_decay=0.0)
 
 
-def flag_supplied(params: list[torch.Tensor], nesterov: bool = False) -> MOGA:
-    """MOGA handed the step's non-finite flag, so it makes no pass of its own over the gradients: a 0-d bool
-    on the parameters' device, as ``moga train`` passes clipping's verdict (``step(found_inf=...)``), set the
-    way ``torch.amp.GradScaler`` sets its own (the ``found_inf`` attribute), so that the plain ``step()`` the
-    bench times reads it without a wrapper around the step."""
-    opt = MOGA(params, lr=1e-3, geometry="row(p=2)", nesterov=nesterov)
-    opt.found_inf = torch.zeros((), dtype=torch.bool, device=params[0].device)
+def flag_supplied(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer handed the step's non-finite flag, so it makes no pass of its own over the gradients: a
+    0-d bool on the parameters' device, as ``moga train`` passes clipping's verdict (``step(found_inf=...)``),
+    set the way ``torch.amp.GradScaler`` sets its own (the ``found_inf`` attribute), so that the plain
+    ``step()`` the bench times reads it without a wrapper around the step."""
+    opt.found_inf = torch.zeros((), dtype=torch.bool, device=opt.param_groups[0]["params"][0].device)
     return opt
 
 
@@ -94,8 +93,8 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "torch-muon-float32": lambda ps: TorchMuonFloat32(ps, lr=1e-3, weight_decay=0.0),
     "moga-row-p2": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nesterov=False),
     "moga-row-p2-nocheck": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nonfinite="ignore", nesterov=False),
-    "moga-row-p2-flag": flag_supplied,
-    "moga-row-p2-nesterov-flag": lambda ps: flag_supplied(ps, nesterov=True),
+    "moga-row-p2-flag": lambda ps: flag_supplied(MOGA(ps, lr=1e-3, geometry="row(p=2)", nesterov=False)),
+    "moga-row-p2-nesterov-flag": lambda ps: flag_supplied(MOGA(ps, lr=1e-3, geometry="row(p=2)", nesterov=True)),
     "moga-row-p2-kernel": lambda ps: KernelOnly(ps, lr=1e-3),
     "moga-row-p1.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=1.5)", nesterov=False),
     "moga-row-p2.5": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2.5)", nesterov=False),
@@ -112,6 +111,7 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "moga-spectral-row-beta2-nesterov": lambda ps: MOGA(ps, lr=1e-3, geometry="spectral_row(beta2=0.95)",
                                                         momentum=0.95, nesterov=True),
     "moga-adamw-scaled": lambda ps: ScaledAdamW(ps, lr=1e-3),
+    "moga-adamw-scaled-flag": lambda ps: flag_supplied(ScaledAdamW(ps, lr=1e-3)),
 }
 
 
@@ -246,7 +246,7 @@ PEERS = {"moga-muon": "torch-muon", "moga-row-spectral-nesterov": "torch-muon",
          "moga-spectral-row-nesterov": "torch-muon", "moga-spectral-row-beta2-nesterov": "torch-muon",
          "moga-row-p1.5": "moga-row-p2", "moga-row-p2.5": "moga-row-p2",
          "moga-row-p2-nocheck": "moga-row-p2", "moga-row-p2-flag": "moga-row-p2-nocheck",
-         "moga-row-p2-nesterov-flag": "moga-row-p2-flag", "moga-col-q2-nocheck": "moga-col-q2", "moga-sign-nocheck": "moga-sign",
+         "moga-row-p2-nesterov-flag": "moga-row-p2-flag", "moga-col-q2-nocheck": "moga-col-q2", "moga-adamw-scaled-flag": "moga-adamw-scaled", "moga-sign-nocheck": "moga-sign",
          "moga-row-p2-torch": "moga-row-p2"}
 
 

@@ -14,6 +14,8 @@
 //           (for p = 2 t = d, which pass B makes again from g and the new m for float storage: no scratch);
 //           a = max |d| (rows: only where S alone cannot rule out a zero or out-of-range row, sure_in_range);
 //   pass B: W <- decay * W + f * t, with f = c / S^((p-1)/p) (c = -lr * geometry factor).
+// The passes at one vector of elements are written once (pass_a, t_again, pass_b); rows, columns, sign
+// and the split shards' two ops differ only in how they loop over them.
 // Rows run the passes software-pipelined, pass B of a row in the loop of the next row's pass A, every
 // stream prefetched ahead (pipelined_rows): each pass alone keeps too few lines in flight for one core's
 // bandwidth.
@@ -317,10 +319,15 @@ inline void prefetch_for_write(const void* p) {
 #endif
 }
 
-// The line `bytes` past p, which may lie past the tensor's end: the address is formed as an integer, since
-// a pointer past an array's end is undefined behaviour in C++ (a prefetch itself never faults).
-inline const void* ahead(const void* p, int64_t bytes) {
-  return reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) + uintptr_t(bytes));
+// Each stream is prefetched this many elements ahead (pipelined rows, sign rows, column sweeps): the
+// hardware prefetcher alone keeps too few lines in flight for one core's bandwidth.
+constexpr int64_t kPipelineAhead = 768;
+
+// The line kPipelineAhead elements past p, which may lie past the tensor's end: the address is formed as an
+// integer, since a pointer past an array's end is undefined behaviour in C++ (a prefetch itself never faults).
+template <typename S>
+inline const void* ahead(const S* p) {
+  return reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) + uintptr_t(kPipelineAhead * sizeof(S)));
 }
 
 // d at one vector of elements made again, bit for bit as pass A made it: from g and the updated m as
@@ -330,6 +337,35 @@ MOGA_INLINE Vectorized<T> direction_again(const S* g, const T* m, int64_t count,
   using V = Vectorized<T>;
   const V mv = m ? V::loadu(m, count) : V(T(0));
   return direction_of([&] { return load_as<T>(g, count); }, m ? &mv : nullptr, ema);
+}
+
+// ---- the two passes of a row (or of a row of columns), at one vector of elements ------------------
+// The one row step: the pipelined rows, the split shards' sums and update, the column sweeps and sign
+// all call these (what differs between them is where t comes from and what they track besides).
+
+// Pass A: updates m (kept, when given, receives its new value in T), adds |d|^p to s, raises peak (when
+// given) to max |d|, and returns t = sign(d)|d|^(p-1).
+template <typename S, typename T, Kind K>
+MOGA_INLINE Vectorized<T> pass_a(const S* g, S* m, int64_t count, const Ema<T> ema, const Vectorized<T>& e,
+                                 Vectorized<T>& s, T* kept = nullptr, Vectorized<T>* peak = nullptr) {
+  const Vectorized<T> d = direction(g, m, count, ema, kept);
+  if (peak != nullptr) *peak = at::vec::maximum(*peak, d.abs());
+  return powered<T, K>(d, s, e);
+}
+
+// t made again from g and the updated m (as pass A made it where m is stored in T), for a pass B that
+// kept no t.
+template <typename S, typename T, Kind K>
+MOGA_INLINE Vectorized<T> t_again(const S* g, const S* m, int64_t count, const Ema<T> ema, const Vectorized<T>& e) {
+  Vectorized<T> unused(T(0));
+  return powered<T, K>(direction_peek(g, m, count, ema), unused, e);
+}
+
+// Pass B: W <- decay W + f t.
+template <typename S, typename T>
+MOGA_INLINE void pass_b(S* w, const Vectorized<T>& t, const Vectorized<T>& f, const Vectorized<T>& decay,
+                        int64_t count) {
+  store_as(at::vec::fmadd(f, t, load_as<T>(w, count) * decay), w, count);
 }
 
 // max |d| over a row, d made again as pass A made it; NaN if any is NaN.
@@ -374,10 +410,6 @@ MOGA_NOINLINE void exact_row(const S* g, const T* m, S* w, int64_t n, const Ema<
   }
 }
 
-// Each stream is prefetched this many elements ahead (pipelined rows, sign rows, column sweeps): the
-// hardware prefetcher alone keeps too few lines in flight for one core's bandwidth.
-constexpr int64_t kPipelineAhead = 768;
-
 // Rows of sign: one pass, every stream prefetched ahead.
 template <typename S, typename T>
 void sign_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cfg, double c) {
@@ -386,14 +418,12 @@ void sign_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cf
   const V decay(T(cfg.decay));
   const V cv = V(T(c));
   const Ema<T> ema(cfg);
-  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(S));
   for (int64_t i = 0; i < rows * n; i += L) {  // rows are contiguous: one sweep
     const int64_t cnt = std::min(L, rows * n - i);
-    prefetch_for_read(ahead(g + i, ahead_bytes));
-    if (m) prefetch_for_write(ahead(m + i, ahead_bytes));
-    prefetch_for_write(ahead(w + i, ahead_bytes));
-    V d = direction(g + i, m ? m + i : nullptr, cnt, ema);
-    store_as(at::vec::fmadd(cv, sign_of(d), load_as<T>(w + i, cnt) * decay), w + i, cnt);
+    prefetch_for_read(ahead(g + i));
+    if (m) prefetch_for_write(ahead(m + i));
+    prefetch_for_write(ahead(w + i));
+    pass_b(w + i, sign_of(direction(g + i, m ? m + i : nullptr, cnt, ema)), cv, decay, cnt);
   }
 }
 
@@ -409,7 +439,6 @@ template <typename S, typename T, Kind K>
 void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Config& cfg, double c) {
   using V = Vectorized<T>;
   constexpr int64_t L = V::size();
-  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(S));
   // t = sign(d)|d|^(p-1) from pass A to pass B, one scratch row for each of the two rows in flight. Not
   // for p = 2 with float storage: there t = d, which pass B makes again from m (or g, or both for
   // Nesterov), still in cache. bfloat16 storage rounds m where it is stored, so there t keeps d (making it
@@ -425,9 +454,8 @@ void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Confi
   // pass A of row r at element i: updates m, adds |d|^p to s, keeps t
   auto a_at = [&](int64_t r, int64_t i, int64_t cnt, V& s) MOGA_INLINE_LAMBDA {
     const int64_t off = r * n + i;
-    const V d = direction(g + off, m ? m + off : nullptr, cnt, ema, m_kept ? m_kept + i : nullptr);
-    const V u = powered<T, K>(d, s, e);
-    if constexpr (keeps_t) u.store(t_rows[r & 1] + i, cnt);
+    const V t = pass_a<S, T, K>(g + off, m ? m + off : nullptr, cnt, ema, e, s, m_kept ? m_kept + i : nullptr);
+    if constexpr (keeps_t) t.store(t_rows[r & 1] + i, cnt);
   };
   // pass B of row r at element i: W <- decay W + f t (t from its source: a choice per vector, invariant
   // in the loop; one loop per source measured 3-5% slower)
@@ -435,10 +463,8 @@ void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Confi
     const int64_t off = r * n + i;
     V t;
     if constexpr (keeps_t) t = V::loadu(t_rows[r & 1] + i, cnt);
-    else if (m == nullptr) t = load_as<T>(g + off, cnt);
-    else if (ema.nesterov) t = direction_again(g + off, m + off, cnt, ema);
-    else t = load_as<T>(m + off, cnt);
-    store_as(at::vec::fmadd(f, t, load_as<T>(w + off, cnt) * decay), w + off, cnt);
+    else t = t_again<S, T, K>(g + off, m ? m + off : nullptr, cnt, ema, e);
+    pass_b(w + off, t, f, decay, cnt);
   };
   // The rare row whose sum alone cannot rule out a zero row or an out-of-range one: the maximum |d|, taken in
   // a second look at the row (tracking it in pass A cost 5-8% of the step), tells. Returns whether it
@@ -478,9 +504,9 @@ void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Confi
       const V f(*pending);
       for (int64_t i = 0; i < n; i += L) {
         const int64_t cnt = std::min(L, n - i), off = r * n + i;
-        prefetch_for_read(ahead(g + off, ahead_bytes));
-        if (m) prefetch_for_write(ahead(m + off, ahead_bytes));
-        prefetch_for_write(ahead(w + off - n, ahead_bytes));
+        prefetch_for_read(ahead(g + off));
+        if (m) prefetch_for_write(ahead(m + off));
+        prefetch_for_write(ahead(w + off - n));
         a_at(r, i, cnt, s);
         b_at(r - 1, i, cnt, f);
       }
@@ -505,6 +531,32 @@ void pipelined_rows(const S* g, S* m, S* w, int64_t rows, int64_t n, const Confi
 
 constexpr int64_t kChunkRows = 32;
 
+// Sweep A over rows of length N (a chunk) into the chunk's partial sums s (and maxima top, Tracked). A
+// function of its own, its numbers passed by value: read through the parallel region's captures, they were
+// reloaded at every vector (the vector stores may alias anything).
+template <typename S, typename T, Kind K, bool Tracked>
+MOGA_NOINLINE void col_chunk_a(const S* g, S* m, int64_t rows, int64_t N, const Ema<T> ema, const Vectorized<T> e, T* s,
+                               T* top) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  for (int64_t off = 0; off < rows * N; off += N) {
+    for (int64_t j = 0; j < N; j += L) {
+      const int64_t cnt = std::min(L, N - j);
+      prefetch_for_read(ahead(g + off + j));
+      if (m) prefetch_for_write(ahead(m + off + j));
+      V sv = V::loadu(s + j);
+      if constexpr (Tracked) {
+        V peak = V::loadu(top + j);
+        pass_a<S, T, K>(g + off + j, m ? m + off + j : nullptr, cnt, ema, e, sv, nullptr, &peak);
+        peak.store(top + j);
+      } else {
+        pass_a<S, T, K>(g + off + j, m ? m + off + j : nullptr, cnt, ema, e, sv);
+      }
+      sv.store(s + j);
+    }
+  }
+}
+
 // Sweep A: updates m and writes each column's S = sum |d|^p and, where tops_out is given, a = max |d| to
 // sums and tops, row b of the slices at b * stride (stride >= N; the entries past N are left as they are).
 // Without tops_out no maximum is tracked (the step needs it only for columns that sure_in_range does not
@@ -514,7 +566,6 @@ void col_sums(const S* g, S* m, int64_t B, int64_t R, int64_t N, const Config& c
               int64_t stride) {
   using V = Vectorized<T>;
   constexpr int64_t L = V::size();
-  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(S));
   const int64_t chunks = std::max<int64_t>(1, (R + kChunkRows - 1) / kChunkRows), width = (N + L - 1) / L * L;
   const bool track = tops_out != nullptr;
   std::vector<T> sums(B * chunks * width), tops(track ? B * chunks * width : 0);  // R = 0 (an empty shard): zeros
@@ -524,21 +575,10 @@ void col_sums(const S* g, S* m, int64_t B, int64_t R, int64_t N, const Config& c
     at::parallel_for(0, B * chunks, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t item = lo; item < hi; ++item) {
         const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
-        T* s = sums.data() + item * width;
-        T* top = decltype(tracked)::value ? tops.data() + item * width : nullptr;
-        for (int64_t k = k0; k < k1; ++k) {
-          const int64_t off = (b * R + k) * N;
-          for (int64_t j = 0; j < N; j += L) {
-            const int64_t cnt = std::min(L, N - j);
-            prefetch_for_read(ahead(g + off + j, ahead_bytes));
-            if (m) prefetch_for_write(ahead(m + off + j, ahead_bytes));
-            V d = direction(g + off + j, m ? m + off + j : nullptr, cnt, ema);
-            if constexpr (decltype(tracked)::value) at::vec::maximum(V::loadu(top + j), d.abs()).store(top + j);
-            V sv = V::loadu(s + j);
-            powered<T, K>(d, sv, e);
-            sv.store(s + j);
-          }
-        }
+        const int64_t off = (b * R + k0) * N;
+        col_chunk_a<S, T, K, decltype(tracked)::value>(g + off, m ? m + off : nullptr, k1 - k0, N, ema, e,
+                                                         sums.data() + item * width,
+                                                         decltype(tracked)::value ? tops.data() + item * width : nullptr);
       }
     });
   };
@@ -577,14 +617,30 @@ MOGA_NOINLINE void col_tops(const S* g, const S* m, int64_t b, int64_t R, int64_
   }
 }
 
+// Sweep B over rows of length N (a chunk): W <- decay * W + f t, f per column (by value: as col_chunk_a).
+template <typename S, typename T, Kind K>
+MOGA_NOINLINE void col_chunk_b(const S* g, const S* m, S* w, int64_t rows, int64_t N, const Ema<T> ema,
+                               const Vectorized<T> e, const Vectorized<T> decay, const T* f) {
+  using V = Vectorized<T>;
+  constexpr int64_t L = V::size();
+  for (int64_t off = 0; off < rows * N; off += N) {
+    for (int64_t j = 0; j < N; j += L) {
+      const int64_t cnt = std::min(L, N - j);
+      prefetch_for_read(ahead(m && !ema.nesterov ? m + off + j : g + off + j));
+      if (m && ema.nesterov) prefetch_for_read(ahead(m + off + j));
+      prefetch_for_write(ahead(w + off + j));
+      const V t = t_again<S, T, K>(g + off + j, m ? m + off + j : nullptr, cnt, ema, e);
+      pass_b(w + off + j, t, V::loadu(f + j, cnt), decay, cnt);
+    }
+  }
+}
+
 // Sweep B: W <- decay * W + f t for every column, f (row b at b * stride) from the column's sums; the
 // slices whose skip flag is set are left untouched.
 template <typename S, typename T, Kind K>
 void col_update(const S* g, const S* m, S* w, int64_t B, int64_t R, int64_t N, const Config& cfg, const T* f,
                 int64_t stride, const char* skip) {
   using V = Vectorized<T>;
-  constexpr int64_t L = V::size();
-  constexpr int64_t ahead_bytes = kPipelineAhead * int64_t(sizeof(S));
   const int64_t chunks = (R + kChunkRows - 1) / kChunkRows;
   const V e = V(T(cfg.p - 1)), decay(T(cfg.decay));
   const Ema<T> ema(cfg);
@@ -592,19 +648,8 @@ void col_update(const S* g, const S* m, S* w, int64_t B, int64_t R, int64_t N, c
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t b = item / chunks, k0 = (item % chunks) * kChunkRows, k1 = std::min(R, k0 + kChunkRows);
       if (skip[b]) continue;
-      const T* fb = f + b * stride;
-      V unused(T(0));
-      for (int64_t k = k0; k < k1; ++k) {
-        const int64_t off = (b * R + k) * N;
-        for (int64_t j = 0; j < N; j += L) {
-          const int64_t cnt = std::min(L, N - j);
-          prefetch_for_read(ahead(m && !ema.nesterov ? m + off + j : g + off + j, ahead_bytes));
-          if (m && ema.nesterov) prefetch_for_read(ahead(m + off + j, ahead_bytes));
-          prefetch_for_write(ahead(w + off + j, ahead_bytes));
-          V t = powered<T, K>(direction_peek(g + off + j, m ? m + off + j : nullptr, cnt, ema), unused, e);
-          store_as(at::vec::fmadd(V::loadu(fb + j, cnt), t, load_as<T>(w + off + j, cnt) * decay), w + off + j, cnt);
-        }
-      }
+      const int64_t off = (b * R + k0) * N;
+      col_chunk_b<S, T, K>(g + off, m ? m + off : nullptr, w + off, k1 - k0, N, ema, e, decay, f + b * stride);
     }
   });
 }
@@ -795,9 +840,7 @@ void row_sums(const S* g, S* m, int64_t B, int64_t R, const Config& cfg, T* sums
       Vectorized<T> s(T(0)), peak(T(0));
       for (int64_t i = 0; i < R; i += L) {
         const int64_t cnt = std::min(L, R - i);
-        V d = direction(g + off + i, m ? m + off + i : nullptr, cnt, ema);  // lanes past cnt are 0
-        peak = at::vec::maximum(peak, d.abs());
-        powered<T, K>(d, s, e);
+        pass_a<S, T, K>(g + off + i, m ? m + off + i : nullptr, cnt, ema, e, s, nullptr, &peak);  // lanes past cnt: 0
       }
       sums[b] = horizontal_sum(s);
       tops[b] = horizontal_max(peak);
@@ -816,11 +859,9 @@ void row_update(const S* g, const S* m, S* w, int64_t B, int64_t R, const Config
       if (skip[b]) continue;
       const int64_t off = b * R;
       const V fv(f[b]);
-      V unused(T(0));
       for (int64_t i = 0; i < R; i += L) {
         const int64_t cnt = std::min(L, R - i);
-        V t = powered<T, K>(direction_peek(g + off + i, m ? m + off + i : nullptr, cnt, ema), unused, e);
-        store_as(at::vec::fmadd(fv, t, load_as<T>(w + off + i, cnt) * decay), w + off + i, cnt);
+        pass_b(w + off + i, t_again<S, T, K>(g + off + i, m ? m + off + i : nullptr, cnt, ema, e), fv, decay, cnt);
       }
     }
   });
