@@ -23,7 +23,7 @@ class Uses(nn.Module):
     def forward(self, x):  # x: (n, 4)
         a = F.linear(x, self.linear) + x @ self.right + F.linear(x, self.left_t.T)
         b = sum(x @ self.stack[k] for k in range(3))
-        c = torch.einsum("hni,hoi->hno", x.expand(3, -1, -1), self.heads)
+        c = torch.einsum("hni,hoi->hno", [x.expand(3, -1, -1), self.heads])  # operands as a list
         d = torch.baddbmm(self.bias[:, None, :], x.expand(3, -1, -1), self.stack)
         e = a[:, None, :] * (2 * self.gate.float()).sigmoid()
         f = x @ self.reshaped.reshape(4, 6)

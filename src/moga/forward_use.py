@@ -81,8 +81,9 @@ class _Follow(TorchFunctionMode):
         out = func(*args, **kwargs)
         tracked = [(k, a) for k, a in enumerate(args) if isinstance(a, torch.Tensor) and id(a) in self.views]
         tracked += [(name, a) for name, a in kwargs.items() if isinstance(a, torch.Tensor) and id(a) in self.views]
-        if isinstance(args[0] if args else None, (list, tuple)):  # einsum(eq, [a, b]) and cat([...])
-            tracked += [(k, a) for k, a in enumerate(args[0], 1) if isinstance(a, torch.Tensor) and id(a) in self.views]
+        for i, seq in enumerate(args):  # einsum(eq, [a, b]): a list counts as its items in place
+            if isinstance(seq, (list, tuple)):
+                tracked += [(k, a) for k, a in enumerate(seq, i) if isinstance(a, torch.Tensor) and id(a) in self.views]
         if not tracked:
             return out
         name = getattr(func, "__name__", "")

@@ -526,8 +526,10 @@ def _entry(item: _Param, role: str, layout: str | None, spec: str) -> PlanEntry:
     name = item.names[0]
     if geometry.matrix:
         if layout is None:
-            raise PlanError(f"{name!r} ({role}) has no fan_out/fan_in layout for the matrix geometry {geometry}; "
-                            f"give it one, e.g. overrides={{{name!r}: {{'layout': 'oi'}}}}, or use 'vector'")
+            raise PlanError(f"{name!r} ({role}, shape {tuple(item.param.shape)}) has no fan_out/fan_in layout for the "
+                            f"matrix geometry {geometry}; give it one, overrides={{{name!r}: {{'layout': ...}}}} with "
+                            "one letter per axis ('o' the axis of the module's outputs, 'i' of its inputs, 'b' a "
+                            "batch), or a vector geometry")
         try:
             as_layout(layout).check(item.param.shape)
         except ValueError as e:
