@@ -112,10 +112,20 @@ class Experts(nn.Module):
         self.w = nn.Parameter(torch.randn(4, 16, 8))
         self.out = nn.Linear(16, 2)
 
+    def forward(self, x):  # x: (tokens, 8); expert e is the (16 x 8) matrix w[e]
+        gates = self.router(x).softmax(-1)
+        return self.out(sum(gates[:, e, None] * (x @ self.w[e].T) for e in range(4)))
 
-def test_unorientable_tensor_is_an_error_and_an_override_fixes_it():
-    with pytest.raises(PlanError, match=r"(?s)cannot place 1 parameter.*'w': 'hidden:boi',.*\(4, 16, 8\), on Experts"):
+
+def test_unorientable_tensor_is_an_error_and_the_forward_says_which_override_fixes_it():
+    # Without inputs moga cannot run the forward, so it suggests nothing and says how to let it check.
+    with pytest.raises(PlanError, match=r"(?s)cannot place 1 parameter.*example_inputs=.*# 'w': \?,.*\(4, 16, 8\), "
+                                        r"on Experts: cannot tell \(no example inputs"):
         build_plan(Experts())
+    x = torch.randn(3, 8)
+    with pytest.raises(PlanError, match=r"(?s)run once on the example inputs.*'w': 'hidden:boi',.*a matrix product "
+                                        r"reads it as boi"):
+        build_plan(Experts(), example_inputs=x)
     plan = build_plan(Experts(), overrides={"w": "hidden:boi"})
     assert plan["w"].matrix_shape == (16, 8) and plan["w"].layout == "boi"
     with pytest.raises(PlanError, match="needs a layout"):
@@ -125,23 +135,35 @@ def test_unorientable_tensor_is_an_error_and_an_override_fixes_it():
 class Odd(nn.Module):
     def __init__(self):
         super().__init__()
-        self.a = nn.Parameter(torch.randn(3, 5))
-        self.b = nn.Parameter(torch.randn(2, 3, 5))
+        self.a = nn.Parameter(torch.randn(3, 5))  # a gate bias, added elementwise
+        self.b = nn.Parameter(torch.randn(2, 8, 3))  # two (in, out) matrices, applied as x @ b[k]
+        self.c = nn.Parameter(torch.randn(5, 3))  # reshaped before use: moga does not follow it
+        self.unused = nn.Parameter(torch.randn(2, 2))
+
+    def forward(self, x):  # x: (batch, 8)
+        h = torch.einsum("nki,kio->nko", x[:, None].expand(-1, 2, -1), self.b)  # matrix k on the k-th copy
+        return h[:, :, :, None] + self.a + self.c.reshape(3, 5)
 
 
-def test_every_unplaced_tensor_is_listed_at_once_with_one_glob_per_group():
+def test_every_unplaced_tensor_is_listed_at_once_with_one_glob_per_group_and_its_use():
     blocks = nn.ModuleList([Experts(), Experts(), Experts()])
     model = nn.Module()
     model.blocks, model.odd = blocks, Odd()
     with pytest.raises(PlanError) as err:
         build_plan(model)
     text = str(err.value)
-    assert text.startswith("cannot place 5 parameter(s)")
-    assert "'blocks.*.w': 'hidden:boi'," in text and "# 3 tensors, (4, 16, 8), on Experts" in text
-    assert "'odd.a': 'hidden:oi'," in text and "'odd.b': 'hidden:boi'," in text
-    # The suggested globs place everything.
-    plan = build_plan(model, overrides={"blocks.*.w": "hidden:boi", "odd.a": "vector", "odd.b": "hidden:boi"})
-    assert plan["blocks.2.w"].layout == "boi" and plan["odd.a"].role == "vector"
+    assert text.startswith("cannot place 7 parameter(s)")
+    assert "# 'blocks.*.w': ?," in text and "# 3 tensors, (4, 16, 8), on Experts: cannot tell" in text
+
+    with pytest.raises(PlanError) as err:
+        build_plan(model.odd, example_inputs=torch.randn(2, 8))
+    text = str(err.value)
+    assert "'a': 'vector'," in text and "'b': 'hidden:bio'," in text  # k a batch axis, i contracted
+    assert "# 'c': ?," in text and "cannot tell (the forward uses it as unknown: reshape)" in text
+    assert "# 'unused': ?," in text and "cannot tell (the forward did not use it)" in text
+    # The printed suggestions, pasted, place what they name; the commented ones stay errors.
+    plan = build_plan(model.odd, overrides={"a": "vector", "b": "hidden:bio", "c": "hidden:oi", "unused": "vector"})
+    assert plan["b"].matrix_shape == (3, 8) and plan["a"].role == "vector"
 
 
 def test_an_override_may_name_the_owning_module():
@@ -155,7 +177,7 @@ def test_an_override_may_name_the_owning_module():
 
 def test_a_layout_that_does_not_fit_names_the_parameter():
     with pytest.raises(PlanError, match=r"parameter 'router.weight' \(hidden, on Linear\): layout 'boi' has 3 axes "
-                                        r"but the tensor has shape \(4, 8\).*e.g. 'oi'"):
+                                        r"but the tensor has shape \(4, 8\).*e.g. 'oi' \(how its module reads it\)"):
         build_plan(Experts(), overrides={"router.weight": "hidden:boi", "w": "hidden:boi"})
 
 

@@ -31,7 +31,10 @@ A contrastive model (a scalar temperature ``logit_scale`` at its root: CLIP, Sig
 plan's ``lr_multipliers``: its vectors and tables step at 1/8 of the lr (see :func:`_contrastive_multipliers`).
 
 Anything else the rules cannot place (a 2-D or 3-D tensor on an unknown module) is an error that lists
-every such tensor at once, with one suggested override glob per group, never a silent guess. Override
+every such tensor at once, with one override glob per group, never a silent guess: the suggested role and
+layout are how the forward uses the tensor, seen by running it once on ``example_inputs`` (or a Hugging Face
+model's ``dummy_inputs``; :mod:`moga.forward_use`), and a group whose use moga cannot tell is a commented line
+that says why. Override
 patterns match a parameter's name or the name of the module that owns it (``"*.experts"``). First and last are taken in registration order,
 or in call order when ``example_inputs`` are given; a tied tensor counts at its first and at its last use.
 """
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from moga.forward_use import VECTOR, observe_uses, verdict
 from moga.geometry import Geometry, parse_geometry
 from moga.layout import EMBEDDING, LINEAR, as_layout
 
@@ -398,7 +402,7 @@ def build_plan(
                 f"update it: overrides={{{item.names[0]!r}: 'tied'}} (the head's row geometry: the intersection "
                 "of both unit balls), or 'embedding' / 'readout'"))
     if unplaced:
-        raise _unplaced_error(unplaced)
+        raise _unplaced_error(unplaced, model, example_inputs)
     if pending:
         raise pending[0]
 
@@ -509,7 +513,9 @@ def _layout_for_role(item: _Param, role: str) -> str | None:
         return next(iter(usages))[1]
     raise PlanError(
         f"parameter {item.names[0]!r} of shape {tuple(item.param.shape)} needs a layout for role {role!r}: "
-        f"write overrides={{{item.names[0]!r}: '{role}:{_guess_layout(item.param)}'}}")
+        f"write overrides={{{item.names[0]!r}: '{role}:<layout>'}}, one letter per axis: 'o' the axis of the "
+        f"module's outputs, 'i' of its inputs, 'b' a batch of independent matrices (leave the role out to see "
+        f"how the forward uses it)")
 
 
 def _entry(item: _Param, role: str, layout: str | None, spec: str) -> PlanEntry:
@@ -520,13 +526,17 @@ def _entry(item: _Param, role: str, layout: str | None, spec: str) -> PlanEntry:
     name = item.names[0]
     if geometry.matrix:
         if layout is None:
-            raise PlanError(f"{name!r} ({role}) has no fan_out/fan_in layout for the matrix geometry {geometry}; "
-                            f"give it one, e.g. overrides={{{name!r}: {{'layout': 'oi'}}}}, or use 'vector'")
+            raise PlanError(f"{name!r} ({role}, shape {tuple(item.param.shape)}) has no fan_out/fan_in layout for the "
+                            f"matrix geometry {geometry}; give it one, overrides={{{name!r}: {{'layout': ...}}}} with "
+                            "one letter per axis ('o' the axis of the module's outputs, 'i' of its inputs, 'b' a "
+                            "batch), or a vector geometry")
         try:
             as_layout(layout).check(item.param.shape)
         except ValueError as e:
+            known = sorted({lay for _, lay in _usages(item) if lay})
+            hint = f", e.g. '{known[0]}' (how its module reads it)" if len(known) == 1 else f" ({item.param.ndim} here)"
             raise PlanError(f"parameter {name!r} ({role}, on {_owner_names(item)}): {e}; a layout has one letter "
-                            f"per axis, e.g. '{_guess_layout(item.param)}'") from None
+                            f"per axis{hint}") from None
     if update == "adam" and geometry.sign_scale(item.param.shape, layout) is None:
         raise PlanError(f"'adam:' needs a sign geometry (sign, row(p=1), col(q=inf), embedding(q=inf), vector), "
                         f"not {geometry} (for {name!r})")
@@ -543,29 +553,53 @@ def _glob(name: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in name.split("."))
 
 
-def _unplaced_error(items: list[_Param]) -> PlanError:
-    """One error for every tensor the rules cannot place, grouped by the override that would place them."""
+def _unplaced_error(items: list[_Param], model: nn.Module, example_inputs) -> PlanError:
+    """One error for every tensor the rules cannot place, grouped by the override that would place them. Each
+    suggestion is how the forward uses the tensor (:mod:`moga.forward_use`), run on ``example_inputs`` or a
+    Hugging Face model's own ``dummy_inputs``; where moga cannot tell, the line says so and suggests nothing."""
     groups: dict[str, list[_Param]] = {}
     for item in items:
         groups.setdefault(_glob(item.names[0]), []).append(item)
-    width = max(len(repr(g)) for g in groups) + len(repr(f"hidden:{'b' * 3}oi")) + 2
-    lines = []
+    inputs, source = example_inputs, "the example inputs"
+    if inputs is None:
+        inputs, source = _dummy_inputs(model), "the model's dummy_inputs"
+    seen = (observe_uses(model, [it.param for it in items], inputs) if inputs is not None
+            else "no example inputs to run the forward on")
+    rows = []
     for pattern, members in groups.items():
         first = members[0]
         shapes = sorted({tuple(m.param.shape) for m in members})
-        value = f"hidden:{_guess_layout(first.param)}"
         count = f"{len(members)} tensors" if len(members) > 1 else "1 tensor"
-        lines.append(f"    {(repr(pattern) + ': ' + repr(value) + ',').ljust(width + 2)}  # {count}, "
-                     f"{' '.join(map(str, shapes))}, on {_owner_names(first)}")
+        where = f"{count}, {' '.join(map(str, shapes))}, on {_owner_names(first)}"
+        uses = set().union(*(seen.get(id(m.param), set()) for m in members)) if not isinstance(seen, str) else set()
+        use = verdict(uses)
+        if use == VECTOR:
+            rows.append((f"{pattern!r}: 'vector',", f"{where}: used elementwise"))
+        elif use is not None:
+            rows.append((f"{pattern!r}: 'hidden:{use}',", f"{where}: a matrix product reads it as {use}"))
+        else:
+            why = seen if isinstance(seen, str) else (
+                "the forward did not use it" if not uses else f"the forward uses it as {' and '.join(sorted(uses))}")
+            rows.append((f"# {pattern!r}: ?,", f"{where}: cannot tell ({why})"))
+    width = max(len(code) for code, _ in rows)
+    lines = [f"    {code.ljust(width)}  # {why}" for code, why in rows]
+    checked = (f"each suggestion is how the forward uses the tensor, run once on {source}"
+               if not isinstance(seen, str) else "moga could not check any use: " + seen
+               + " (moga.build_plan(model, example_inputs=...) runs it once to find each tensor's use)")
     return PlanError(
         f"cannot place {len(items)} parameter(s): no torch layer owns them and their modules declare nothing "
-        f"moga reads. Name a role and layout for each group (check the orientation: 'o' is the axis of the "
-        f"module's outputs, 'i' of its inputs, 'b' a batch of independent matrices; a parameter used "
-        f"elementwise is 'vector'):\n  overrides={{\n" + "\n".join(lines) + "\n  }")
+        f"moga reads. Name a role and layout for each group ('o' is the axis of the module's outputs, 'i' of "
+        f"its inputs, 'b' a batch of independent matrices; a parameter used elementwise is 'vector'); "
+        f"{checked}:\n  overrides={{\n" + "\n".join(lines) + "\n  }")
 
 
-def _guess_layout(p: torch.Tensor) -> str:
-    return "b" * (p.ndim - 2) + "oi" if p.ndim >= 2 else ""
+def _dummy_inputs(model: nn.Module):
+    """A Hugging Face model's own example batch (``PreTrainedModel.dummy_inputs``), when it has one."""
+    try:
+        inputs = getattr(model, "dummy_inputs", None)
+    except Exception:  # noqa: BLE001 - a property of someone else's model; no inputs then
+        return None
+    return inputs if isinstance(inputs, dict) else None
 
 
 def _parse_overrides(overrides: Mapping[str, str | Mapping]) -> dict[str, dict]:

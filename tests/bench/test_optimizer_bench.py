@@ -189,17 +189,22 @@ def test_muons_peer_is_torchs_muon_with_the_same_newton_schulz_dtype(bf16_units)
     records = add_ratios([{"name": name, "ms": 1.0, "state_bytes": 4, "ns_dtype": d} for name, d in dtypes.items()])
     assert records[2]["peer"] == ("torch-muon" if bf16_units else "torch-muon-float32")
 
-def test_records_against_an_emulated_peer_are_skipped_by_default_with_a_line():
-    from moga.bench.optimizer import default_names
+def test_default_run_skips_the_hybrids_and_emulated_peers_with_a_line_and_all_times_them():
+    from moga.bench.optimizer import HYBRIDS, default_names
     from moga.hardware import assume
 
+    hybrids = sorted(HYBRIDS)
     with assume(bf16_matmul=False):
         names, note = default_names("cpu")
+        everything, warning = default_names("cpu", full=True)
     skipped = sorted(set(OPTIMIZERS) - set(names))
-    assert skipped == ["torch-muon"] and "moga-muon" in names and "torch-muon-float32" in names
-    assert "emulates bfloat16" in note and "--only torch-muon" in note
+    assert skipped == sorted([*hybrids, "torch-muon"]) and "moga-muon" in names and "torch-muon-float32" in names
+    assert "emulates bfloat16" in note and "--all times them" in note and all(h in note for h in hybrids)
+    assert everything == list(OPTIMIZERS) and "torch-muon" in warning and "emulates bfloat16" in warning
     with assume(bf16_matmul=True):
-        assert default_names("cpu") == (list(OPTIMIZERS), None)
+        names, note = default_names("cpu")
+        assert sorted(set(OPTIMIZERS) - set(names)) == hybrids and "emulates" not in note
+        assert default_names("cpu", full=True) == (list(OPTIMIZERS), None)
     with assume(bf16_matmul=False):  # the command prints the line; --only runs what it names
         result = CliRunner().invoke(app, ["bench", "optimizer", "--blocks", "1", "--repeats", "1", "--warmup", "0",
                                           "--only", "torch-adamw-fused", "--json"])

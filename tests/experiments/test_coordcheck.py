@@ -106,7 +106,39 @@ def test_cli_on_a_user_factory(tmp_path):
     assert "== moga:vectors=sign;p=2.0: all layers flat" in result.stdout
     assert "== adamw: optimizer drifts on 2 (2, 4)" in result.stdout
     assert "a part is flat when |slope| <= 0.1" in result.stdout
+    # Progress goes to stderr as each run ends, and the control's drift is explained with its number.
+    assert "coordcheck: 4 runs (2 optimizers x 2 widths) of 1 steps" in result.stderr
+    assert "[4/4] adamw width 64: " in result.stderr and "[" not in result.stdout.split("\n")[0]
+    control = next(v for v in found_control(tmp_path) if v.verdict != "flat")
+    why = next(line for line in result.stdout.splitlines() if line.startswith("   why optimizer"))
+    assert f"like width^{control.update:+.2f}" in why and f"x{4 ** abs(control.update):.2g} too large" in why
+    assert "expected of the control" in why
     assert (tmp_path / "coordcheck_moga_vectors_sign_p_2.0.png").is_file() and (tmp_path / "coordcheck.json").is_file()
+
+
+def found_control(tmp_path):
+    """The CLI's adamw verdicts, read back from the coordcheck.json it wrote: the worst drifting layer first."""
+    import json
+
+    from moga.experiments.coordcheck import LayerVerdict
+
+    verdicts = [LayerVerdict(**v) for v in json.loads((tmp_path / "coordcheck.json").read_text())["verdicts"]
+                if v["optimizer"] == "adamw"]
+    return sorted(verdicts, key=lambda v: -abs(v.update))
+
+
+def test_drift_explanations_say_what_the_number_means_and_what_to_try():
+    from moga.experiments.coordcheck import explain
+
+    records, found = coordcheck("residual_mlp", ["moga:vectors=sign", "adamw"], widths=(64, 256), steps=1)
+    moga = [v for v in found if v.optimizer == "moga:vectors=sign"]
+    drifting = max((v for v in moga if "init" in v.verdict), key=lambda v: abs(v.init))
+    first = explain(moga, [64, 256], "default")
+    assert first[0].startswith(f"   why init: at step 0 {drifting.layer}'s output goes like width^{drifting.init:+.2f}")
+    assert f"(x{4 ** drifting.init:.2g} from width 64 to 256)" in first[0] and "--init width" in first[0]
+    assert explain(moga, [64, 256], "default", init_said=True)[0] == (
+        "   why init: as above (step 0 comes before any optimizer step)")
+    assert explain([v for v in moga if v.verdict == "flat"], [64, 256], "default") == []
 
 
 def test_a_model_with_no_matrices_says_so(tmp_path):

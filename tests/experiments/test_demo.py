@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 
 from moga.experiments.reproduce.catalog import data_inputs
-from moga.experiments.demo import README_END, README_START, demo_sweep, run_demo, update_readme
+from moga.experiments.demo import FULL_TIME, QUICK_TIME, README_END, README_START, demo_sweep, run_demo, update_readme
 from moga.sweep.spec import Sweep, SweepError, arm_label, cell_id
 from moga.sweep.store import SweepStore
 from moga.train.build import build_model, build_optimizer
@@ -20,6 +20,18 @@ def test_full_demo_grid_has_the_depth_paper_structure():
     assert min(axes["model.depth"]) == 2 and max(axes["model.depth"]) >= 32
     assert len(sweep.cells) == 3 * 2 * len(axes["model.depth"]) * 6
     assert sweep.base["optim"] == {"name": "moga"} and sweep.base["model"]["k_base"] == 2
+
+
+def test_time_estimates_count_the_grid_and_name_their_workers():
+    from typer.testing import CliRunner
+
+    from moga.cli import app
+
+    for estimate, quick in ((QUICK_TIME, True), (FULL_TIME, False)):
+        assert estimate.startswith(f"{len(Sweep.from_dict(demo_sweep(quick)).cells)} runs")
+        assert "with 2 workers on a 2-core CPU" in estimate
+    result = CliRunner().invoke(app, ["demo", "--help"], terminal_width=300)
+    assert result.exit_code == 0 and "with 2 workers on a 2-core CPU" in result.output
 
 
 def _previous_demo(quick: bool) -> dict:

@@ -75,7 +75,10 @@ def test_trainer_builds_moga_from_optimizer_cls_and_kwargs(corpus, tmp_path):
     # Trainer hands the optimizer class the model itself when the kwargs name it (as for LOMO).
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
                                    optimizer_cls_and_kwargs=(MOGA, {"model": model, "lr": LR, "weight_decay": 0.1}))
-    trainer.train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert not [w for w in caught if "TrainingArguments" in str(w.message)]  # the arguments agree with the kwargs
     opt = trainer.optimizer.optimizer
     assert isinstance(opt, MOGA) and opt.plan["lm_head.weight"].role == "tied" and opt.skipped_steps == 0
     assert len(losses) == 8 and sum(losses[-2:]) < sum(losses[:2])
@@ -85,6 +88,29 @@ def test_trainer_builds_moga_from_optimizer_cls_and_kwargs(corpus, tmp_path):
     with pytest.raises(ValueError, match=r"^MOGA gives each parameter .*optimizer_cls_and_kwargs=\(MOGA, "
                                          r"\{'model': model, \.\.\.\}\)[^\n]*$"):
         bare.create_optimizer()
+
+
+def test_trainer_says_once_that_optimizer_cls_and_kwargs_ignores_training_arguments(tmp_path):
+    """Under optimizer_cls_and_kwargs the optimizer takes its kwargs' lr and decay, not TrainingArguments';
+    when they differ the user hears it once, with both values, and the kwargs' are the ones used."""
+    model = tiny_gpt2(65)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, weight_decay=0.01)
+    trainer = transformers.Trainer(model=model, args=args,
+                                   optimizer_cls_and_kwargs=(MOGA, {"model": model, "lr": LR, "weight_decay": 0.1}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = trainer.create_optimizer()
+    said = [str(w.message) for w in caught if "TrainingArguments" in str(w.message)]
+    assert len(said) == 1, said
+    assert said[0].startswith("Trainer(optimizer_cls_and_kwargs=(MOGA, ...)) builds MOGA from those kwargs alone: "
+                              "it steps at lr 0.02 with weight_decay 0.1, and TrainingArguments' learning_rate "
+                              "5e-05 and weight_decay 0.01 are ignored")
+    decay = {g["role"]: (base_lr(g), g["weight_decay"]) for g in opt.param_groups}
+    assert decay["hidden"] == (LR, 0.1)
+    # Built outside a Trainer, the same optimizer says nothing.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MOGA(model, lr=LR, weight_decay=0.1)
 
 
 def test_trainer_resumes_with_the_same_losses(corpus, tmp_path):

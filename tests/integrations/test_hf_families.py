@@ -1,9 +1,12 @@
 """Sixteen more Hugging Face families, unmodified: a role plan without overrides, each odd parameter placed
 with its reason, and three steps of MOGA and of Muon that lower the loss."""
 
+import ast
+
 import pytest
 import torch
 
+from moga.layout import as_layout
 from moga.optim import MOGA, Muon
 from moga.roles import PlanError, build_plan
 from tests.integrations.hf_families import NEW_FAMILIES as FAMILIES
@@ -152,3 +155,39 @@ def test_clip_learns_under_default_steps_over_seeds(optimizer):
             assert opt.skipped_steps == 0 and losses[3] < losses[0] and losses[-1] < losses[0], (seed, losses)
             finals.append(losses[-1])
     assert sum(finals) / len(finals) < 1.0, finals  # well below chance, log(4)
+
+
+def test_recurrent_gemma_suggestions_follow_the_forward():
+    """RecurrentGemma's RG-LRU gates are per-head matrices stored (heads, in, out) and applied as
+    ``baddbmm(bias, x, W)``, the bias added elementwise. The PlanError suggests what the forward does (bio and
+    vector; it used to suggest boi and hidden:oi), and the suggestions, pasted as printed, train."""
+    T = pytest.importorskip("transformers", reason="transformers is not installed (pip install moga[hf])",
+                            exc_type=ImportError)
+    if not hasattr(T, "RecurrentGemmaConfig"):
+        pytest.skip("this transformers has no RecurrentGemma")
+    torch.manual_seed(0)
+    model = T.RecurrentGemmaForCausalLM(T.RecurrentGemmaConfig(
+        num_hidden_layers=2, vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, lru_width=32, attention_window_size=16, conv1d_width=4,
+        block_types=["recurrent", "attention"]))
+    with pytest.raises(PlanError) as err:
+        build_plan(model)
+    text = str(err.value)
+    assert "run once on the model's dummy_inputs" in text and "?" not in text
+    overrides = ast.literal_eval(text[text.index("{", text.index("overrides=")):])
+    assert overrides == {"model.layers.*.temporal_block.rg_lru.input_gate_weight": "hidden:bio",
+                         "model.layers.*.temporal_block.rg_lru.input_gate_bias": "vector",
+                         "model.layers.*.temporal_block.rg_lru.recurrent_gate_weight": "hidden:bio",
+                         "model.layers.*.temporal_block.rg_lru.recurrent_gate_bias": "vector"}
+    plan = build_plan(model, overrides=overrides)
+    lru = model.model.layers[0].temporal_block.rg_lru
+    entry = plan["model.layers.0.temporal_block.rg_lru.input_gate_weight"]
+    # The plan's (out, in) matrices are the maps the module applies: baddbmm(0, x, W)[h] = x[h] @ M[h].T.
+    x = torch.randn(4, 5, 8)
+    matrices = as_layout(entry.layout).to_matrix(lru.input_gate_weight.detach())
+    torch.testing.assert_close(torch.baddbmm(torch.zeros(4, 5, 8), x, lru.input_gate_weight.detach()),
+                               x @ matrices.transpose(1, 2))
+    assert plan["model.layers.0.temporal_block.rg_lru.input_gate_bias"].role == "vector"
+    data = {"input_ids": torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))}
+    losses = _losses(model, MOGA(model, overrides=overrides), {**data, "labels": data["input_ids"]})
+    assert all(map(torch.isfinite, torch.tensor(losses))) and losses[-1] < losses[0], losses

@@ -346,6 +346,8 @@ def test_a_sweep_with_failed_cells_exits_non_zero_and_says_how_many(tmp_path):
     counts = SweepStore(tmp_path / "out").counts()
     assert (counts["finished"], counts["failed"]) == (1, 1)
     assert result.exit_code == 1 and "1 of 2 cells failed" in result.output, result.output
+    assert "2 cells -> " in result.output and "(1 worker(s), 1 thread(s) each)" in result.output
+    assert " s with 1 worker(s): " in result.output  # a time names the workers it ran on
 
 
 def test_ray_executor(tmp_path):

@@ -17,20 +17,25 @@ bench_app = typer.Typer(no_args_is_help=True, help="Timed comparisons against to
 
 @bench_app.command("optimizer")
 def optimizer(
-    blocks: int = typer.Option(2, min=1, help="GPT-2-small blocks (4x 768x768, 3072x768, 768x3072 each)."),
-    repeats: int = typer.Option(7, min=1, help="Timed steps per optimizer (median reported)."),
+    blocks: int = typer.Option(1, min=1, help="GPT-2-small blocks (4x 768x768, 3072x768, 768x3072 each)."),
+    repeats: int = typer.Option(5, min=1, help="Timed steps per optimizer (median reported)."),
     warmup: int = typer.Option(1, min=0, help="Untimed steps first (state allocation)."),
-    only: list[str] = typer.Option(None, "--only", help="Optimizer names to run (default: all)."),
+    only: list[str] = typer.Option(None, "--only", help="Optimizer names to run (default: all but the row-family "
+                                                        "hybrids and records this CPU emulates; see --all)."),
+    full: bool = typer.Option(False, "--all", help="Time every record: adds the row-family hybrids (seconds a step "
+                                                   "on a CPU) and torch's bfloat16 Muon where this CPU emulates it."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of records instead of a table."),
     device: str = typer.Option("cpu", help="Where the parameters live: cpu, cuda, cuda:1, ..."),
     clock: str = typer.Option("wall", help="wall, or cpu: the process's CPU time, which leaves out the time a busy "
                                            "host keeps it off the CPU (use it with --threads 1)."),
     threads: int = typer.Option(None, min=1, help="CPU threads for torch (default: torch's own choice)."),
 ) -> None:
-    """Time one optimizer step: torch AdamW (foreach, fused), torch Muon and every moga geometry."""
+    """Time one optimizer step: torch AdamW (foreach, fused), torch Muon and every moga geometry. The default run
+    takes a few minutes on a 2-core CPU; --all times every record, and docs/results.md's tables use --blocks 2
+    --repeats 7."""
     before = torch.get_num_threads()
     try:
-        names, note = (only, None) if only else default_names(device)
+        names, note = (only, None) if only else default_names(device, full)
         if note:
             typer.echo(f"moga bench optimizer: {note}", err=True)
         torch.set_num_threads(threads or before)

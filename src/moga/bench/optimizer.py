@@ -188,7 +188,7 @@ def make_optimizers(names: list[str], shapes: list[tuple[int, int]], seed: int =
 
 
 def bench_optimizers(
-    blocks: int = 2, repeats: int = 7, warmup: int = 1, names: list[str] | None = None, seed: int = 0,
+    blocks: int = 1, repeats: int = 5, warmup: int = 1, names: list[str] | None = None, seed: int = 0,
     device: str = "cpu", clock: str = "wall",
 ) -> list[dict]:
     names = names or list(OPTIMIZERS)
@@ -252,18 +252,25 @@ PEERS = {"moga-muon": "torch-muon", "moga-row-spectral-nesterov": "torch-muon",
 
 # torch's Muon runs Newton-Schulz in bfloat16, which a CPU without bf16 units emulates (minutes a step).
 EMULATED_ON_CPU = {"torch-muon"}
+# The row-family hybrids: whole-matrix steps like Muon's (seconds each on a CPU), research records with no
+# torch peer; `--all` times them.
+HYBRIDS = ("moga-row-spectral-nesterov", "moga-spectral-row-nesterov", "moga-spectral-row-beta2-nesterov")
 
 
-def default_names(device: str = "cpu") -> tuple[list[str], str | None]:
-    """Every optimizer, less, on a CPU without bf16 units, those that emulate bfloat16; and the line that says
-    so (None when nothing is left out)."""
+def default_names(device: str = "cpu", full: bool = False) -> tuple[list[str], str | None]:
+    """The records a run times: without ``full``, every optimizer less the row-family hybrids and, on a CPU
+    without bf16 units, those that emulate bfloat16; and the line that says what was left out (None when
+    nothing). With ``full``, all of them, and a line when one of them emulates bfloat16 here."""
     from moga.hardware import facts
 
-    if torch.device(device).type != "cpu" or facts().bf16_matmul:
-        return list(OPTIMIZERS), None
-    skipped = [n for n in OPTIMIZERS if n in EMULATED_ON_CPU]  # moga-muon's peer is then torch-muon-float32
-    note = (f"skipped {', '.join(skipped)}: torch's Muon emulates bfloat16 on this CPU (no bf16 units), so its "
-            f"step takes minutes; add {' '.join('--only ' + n for n in skipped)} (with the others' names) to time them")
+    emulated = [n for n in OPTIMIZERS if n in EMULATED_ON_CPU
+                if torch.device(device).type == "cpu" and not facts().bf16_matmul]
+    why = "torch's Muon emulates bfloat16 on this CPU (no bf16 units), so its step takes minutes"
+    if full:
+        return list(OPTIMIZERS), (f"{', '.join(emulated)}: {why}" if emulated else None)
+    skipped = [*HYBRIDS, *emulated]  # moga-muon's peer is then torch-muon-float32
+    note = (f"skipped {', '.join(skipped)} (--all times them; {why})" if emulated
+            else f"skipped {', '.join(skipped)} (--all times them)")
     return [n for n in OPTIMIZERS if n not in skipped], note
 
 

@@ -27,6 +27,7 @@ import importlib
 import inspect
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -360,9 +361,11 @@ INITS = ("default", "width")
 def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = ARMS,
                widths: Sequence[int] = (64, 128, 256, 512, 1024), depths: Sequence[int] | None = None,
                steps: int = 5, lrs: dict[str, float] | None = None, seed: int = 0, tolerance: float = 0.1,
-               init: str = "default") -> tuple[list[Record], list[LayerVerdict]]:
+               init: str = "default", progress: Callable[[str], None] | None = None,
+               ) -> tuple[list[Record], list[LayerVerdict]]:
     """``init="width"`` redraws every matrix by :func:`moga.models.init.width_aware_init` before the check;
-    ``"default"`` keeps the model's own init."""
+    ``"default"`` keeps the model's own init. ``progress`` gets one line before the runs (how many) and one
+    as each run (an optimizer at a width and depth) ends, with its seconds."""
     if init not in INITS:
         raise ValueError(f"init must be one of {', '.join(INITS)}, got {init!r}")
     unknown = [o for o in optimizers if optimizer_spec(o)[0] not in OPTIMIZERS]
@@ -374,31 +377,44 @@ def coordcheck(model: str = "residual_mlp", optimizers: Sequence[str] = ARMS,
         raise ValueError(f"steps must be >= 1, got {steps}")
     build = problem_factory(model)
     records = []
+    say = progress or (lambda line: None)
+    runs = len(optimizers) * len(depths or [None]) * len(widths)
+    say(f"coordcheck: {runs} runs ({len(optimizers)} optimizers x {len(widths)} widths"
+        + (f" x {len(depths)} depths" if depths else "") + f") of {steps} steps on {model}; the widest take longest")
+    done = 0
     for optimizer in optimizers:
         lr = (lrs or {}).get(optimizer, default_lr(optimizer))
         for depth in depths or [None]:
             for width in widths:
+                start = time.perf_counter()
                 kwargs = {"width": width, "seed": seed, **({"depth": depth} if depth is not None else {})}
                 problem = build(**kwargs)
                 if init == "width":
                     width_aware_init(problem.model, seed=seed)
                 records += run_one(problem, optimizer, lr, steps, width, depth)
+                done += 1
+                say(f"  [{done}/{runs}] {optimizer} width {width}" + (f" depth {depth}" if depth is not None else "")
+                    + f": {time.perf_counter() - start:.1f} s")
     if not records:  # else: no line printed, no file written, and no word why
         raise ValueError(f"the model {model!r} has no matrices to check (no 2-D weight whose output grows with "
                          "width): a coordinate check needs a model with linear layers")
     return records, verdicts(records, tolerance)
 
 
-def report(records: list[Record], found: list[LayerVerdict], out: Path | None) -> str:
+def report(records: list[Record], found: list[LayerVerdict], out: Path | None, init: str = "default") -> str:
     if not found:
         return ""
     name_width = max(len("layer"), *(len(v.layer) for v in found))
     t = found[0].tolerance
-    lines = [f"Per layer, the slope of log RMS against log width; a part is flat when |slope| <= {t:g}.",
+    widths = sorted({r.width for r in records})
+    lines = [f"Per layer, the slope of log RMS against log width; a part is flat when |slope| <= {t:g}. A slope s "
+             f"means the value goes like width^s: over widths {widths[0]}..{widths[-1]} that is a factor "
+             f"{widths[-1] / widths[0]:g}^s.",
              "  init: the layer's output at step 0, before any step (the initialization's doing);",
              "  update: its own step's effect on its output over its input's RMS, the worst step (the "
              "optimizer's doing).",
              "  A readout whose output vanishes at init is not at fault (muP's readout: the update sets its scale)."]
+    init_said = False
     for optimizer in dict.fromkeys(v.optimizer for v in found):
         for depth in dict.fromkeys(v.depth for v in found if v.optimizer == optimizer):
             group = [v for v in found if v.optimizer == optimizer and v.depth == depth]
@@ -409,6 +425,8 @@ def report(records: list[Record], found: list[LayerVerdict], out: Path | None) -
             lines.append(f"== {head}: {summary}")
             lines.append(f"{'layer':<{name_width}}  {'role':<9}  {'init (step 0)':<20}  update (worst step)")
             lines += [v.line(name_width) for v in group]
+            lines += explain(group, widths, init, init_said)
+            init_said = init_said or any("init" in v.verdict for v in group)
             if out is not None:
                 label = re.sub(r"[^\w.-]+", "_", optimizer)
                 name = f"coordcheck_{label}" + (f"_depth{depth}" if depth is not None else "") + ".png"
@@ -417,6 +435,44 @@ def report(records: list[Record], found: list[LayerVerdict], out: Path | None) -
         write_json(out / "coordcheck.json", {
             "records": [asdict(r) for r in records], "verdicts": [asdict(v) for v in found]})
     return "\n".join(lines)
+
+
+def explain(group: list[LayerVerdict], widths: Sequence[int], init: str, init_said: bool = False) -> list[str]:
+    """What a group's drift means, the worst layer's number as an example, and what to try: the init's part
+    and the optimizer's part each get one line (none when all is flat). The init's part is the same under
+    every optimizer: after the first group (``init_said``) it is one short line."""
+    span = widths[-1] / widths[0]
+    lines = []
+    at_init = [v for v in group if "init" in v.verdict]
+    if at_init and init_said:
+        lines.append("   why init: as above (step 0 comes before any optimizer step)")
+    elif at_init:
+        worst = max(at_init, key=lambda v: abs(v.init))
+        cause = ("the model's own initialization (such as a fixed std: nanoGPT's 0.02), not the optimizer"
+                 if init == "default" else "what is left under the width-aware init (moga.models.init covers "
+                 "linear, conv and embedding weights by role: check this layer's role in print(opt.plan))")
+        fix = ("rerun with --init width to see the optimizer's part alone, and train with "
+               "moga.models.init.width_aware_init(model) if the outputs should not change with width"
+               if init == "default" else "give the layer's role the init it needs (or an override of its role)")
+        lines.append(f"   why init: at step 0 {worst.layer}'s output goes like width^{worst.init:+.2f} "
+                     f"(x{span ** worst.init:.2g} from width {widths[0]} to {widths[-1]}): {cause}. To try: {fix}.")
+    stepped = [v for v in group if "optimizer" in v.verdict]
+    if stepped:
+        worst = max(stepped, key=lambda v: abs(v.update))
+        size = "too large" if worst.update > 0 else "too small"
+        if optimizer_spec(group[0].optimizer)[0] == CONTROL:
+            fix = ("expected of the control: AdamW's step has no width factor, so its effect grows with fan_in; "
+                   "moga, muon:preset=moga or adamw-scaled take the factor out")
+        else:
+            roles = ", ".join(dict.fromkeys(f"'{v.role}': ..." for v in stepped))
+            fix = (f"confirm it over more widths and steps (--widths, --steps: {len(widths)} widths fit this slope), "
+                   "and read the figure for the step that drifts; if it holds, give that role its own rate "
+                   f"(lr_multipliers={{{roles}}}) or another geometry (geometries= / overrides=)")
+        lines.append(f"   why optimizer: {worst.layer}'s step changes its output, per unit of input, like "
+                     f"width^{worst.update:+.2f} (step {worst.update_step}): a learning rate tuned at width "
+                     f"{widths[0]} is x{span ** abs(worst.update):.2g} {size} for it at width {widths[-1]}. "
+                     f"To try: {fix}.")
+    return lines
 
 
 def optimizer_spec(spec: str) -> tuple[str, dict]:
@@ -465,7 +521,8 @@ def coordcheck_command(
     names = [o.strip() for o in optim.split(",") if o.strip()]
     lrs = {o: lr for o in names} if lr is not None else None
     try:
-        records, found = coordcheck(model, names, _ints(widths), _ints(depths), steps, lrs, seed, tolerance, init)
+        records, found = coordcheck(model, names, _ints(widths), _ints(depths), steps, lrs, seed, tolerance, init,
+                                    progress=lambda line: typer.echo(line, err=True))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    typer.echo(report(records, found, out))
+    typer.echo(report(records, found, out, init))

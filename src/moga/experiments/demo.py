@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from pathlib import Path
 
@@ -68,8 +69,15 @@ AXES = {
 }
 
 
+# Measured: 4.0 min wall for `moga demo --quick` (48-cell grid, then seeds: 169 cells) with 2 workers on a
+# shared 2-core AVX2 CPU (load 3-5); one worker takes about twice as long (a newcomer saw 6 min).
+QUICK_TIME = "48 runs, then seeds at the decisive rates; about 4 min with 2 workers on a 2-core CPU, twice that with 1"
+# README.md's measurement of the full grid; the seeds after it can triple the time.
+FULL_TIME = "108 runs, about 7 min with 2 workers on a 2-core CPU, then seeds at the decisive rates (up to 3x that)"
+
+
 def demo_sweep(quick: bool = False, data: str | None = None) -> dict:
-    """The sweep config: the full demo, or ``quick`` (digits, narrow, short; about a minute)."""
+    """The sweep config: the full demo, or ``quick`` (digits, narrow, short: QUICK_TIME)."""
     spec = {"name": "demo-quick" if quick else "demo", "base": copy.deepcopy(BASE), "axes": copy.deepcopy(AXES),
             "overrides": copy.deepcopy(OVERRIDES), "scale_key": "model.depth"}
     spec["base"]["data"]["name"] = data or ("fashion-mnist" if FASHION_MNIST.is_dir() and not quick else "digits")
@@ -130,7 +138,7 @@ def update_readme(readme: Path, report_dir: Path, figure_dir: Path, command: str
 
 def demo_command(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="where the sweep and its report go"),
-    quick: bool = typer.Option(False, "--quick", help="digits, narrow and short: about a minute"),
+    quick: bool = typer.Option(False, "--quick", help=f"digits, narrow and short: {QUICK_TIME}"),
     workers: int = typer.Option(2, "--workers", "-w", min=1, help="worker processes"),
     data: str = typer.Option(None, help="fashion-mnist or digits (default: Fashion-MNIST where installed)"),
     readme: Path = typer.Option(None, "--update-readme", help="write the figure and verdicts into this README's demo section"),
@@ -143,6 +151,8 @@ def demo_command(
     without alpha = K_base/K, six learning rates each; then the transfer report. Re-running resumes."""
     for aside in set_aside_all(out) if rebuild else ():
         typer.echo(f"set the old store aside as {aside}; rebuilding it")
+    typer.echo(f"moga demo{' --quick' if quick else ''}: {QUICK_TIME if quick else FULL_TIME}; this run: {workers} "
+               f"worker(s) on {os.cpu_count()} CPU(s); re-running resumes", err=True)
     try:
         result = run_demo(out, quick=quick, workers=workers, data=data, min_seeds=min(seeds, max_seeds),
                           max_seeds=max_seeds)

@@ -27,7 +27,12 @@ from moga.optim.functional import adam_steps_, average_, lmo_step_
 from moga.optim.groups import GroupPlan, check_state_matches, name_of, plan_group
 from moga.optim.multipliers import apply_multipliers
 from moga.optim.nonfinite import check_policy
-from moga.optim.options import SHARED_DEFAULTS, check_hyperparameters, warn_if_decay_diverges
+from moga.optim.options import (
+    SHARED_DEFAULTS,
+    check_hyperparameters,
+    warn_if_decay_diverges,
+    warn_if_trainer_arguments_ignored,
+)
 from moga.optim.sharded import local
 from moga.roles import RolePlan, build_plan
 from moga.workspace import Workspace
@@ -153,6 +158,7 @@ class GeometryOptimizer(Optimizer):
         self._plans: list[GroupPlan] = []  # per param group: its geometry and layouts; never saved
         super().__init__(params, defaults)
         warn_if_decay_diverges(self.param_groups)
+        warn_if_trainer_arguments_ignored(self, lr, weight_decay)
         self._show_multipliers()
         # Build or load the fused kernel now (once per process), not inside a step that may be compiled.
         for device in {p.device for plan, group in zip(self._plans, self.param_groups)  # a DTensor's: its shard's

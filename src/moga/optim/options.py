@@ -7,6 +7,7 @@ differs (their defaults for ``lr`` and momentum, their own keywords) and pass th
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import warnings
@@ -89,3 +90,38 @@ def warn_if_decay_diverges(param_groups, stacklevel: int = 3) -> None:
         warnings.warn(f"lr x weight_decay = {worst:.3g} > 1: each step multiplies the weights by (1 - lr*wd) = "
                       f"{1 - worst:.3g}, flipping their sign{' and growing them to inf' if worst > 2 else ''}. "
                       "Weight decay here is decoupled (scaled by lr): use weight_decay below 1/lr", stacklevel=stacklevel)
+
+
+def warn_if_trainer_arguments_ignored(optimizer, lr: float, weight_decay: float) -> None:
+    """Hugging Face's Trainer, given ``optimizer_cls_and_kwargs=(MOGA, kwargs)``, builds the optimizer from
+    those kwargs alone: its TrainingArguments' ``learning_rate`` and ``weight_decay`` reach no parameter.
+    Say so once when they differ from what the optimizer steps with. The Trainer is found on the call stack
+    by what it holds (``optimizer_cls_and_kwargs``, ``args``), so transformers is never imported here."""
+    args = _building_trainer_arguments(optimizer)
+    if args is None:
+        return
+    theirs = (getattr(args, "learning_rate", None), getattr(args, "weight_decay", None))
+    if all(isinstance(v, numbers.Real) and math.isclose(v, mine) for v, mine in zip(theirs, (lr, weight_decay))):
+        return
+    name = type(optimizer).__name__
+    warnings.warn(
+        f"Trainer(optimizer_cls_and_kwargs=({name}, ...)) builds {name} from those kwargs alone: it steps at lr "
+        f"{lr:g} with weight_decay {weight_decay:g}, and TrainingArguments' learning_rate {theirs[0]:g} and "
+        f"weight_decay {theirs[1]:g} are ignored (Trainer's schedule and logged learning_rate follow the "
+        f"optimizer's). Give both the same values, or build it with moga.integrations.hf.create_optimizer(model, "
+        f"args), which reads them", stacklevel=2)
+
+
+def _building_trainer_arguments(optimizer, frames: int = 12):
+    """The ``args`` of a Trainer whose ``create_optimizer`` is building ``optimizer`` from its
+    ``optimizer_cls_and_kwargs``, when one is on the call stack; else None."""
+    frame = inspect.currentframe()
+    for _ in range(frames):
+        frame = frame.f_back if frame is not None else None
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        chosen = getattr(owner, "optimizer_cls_and_kwargs", None) if frame.f_code.co_name == "create_optimizer" else None
+        if isinstance(chosen, tuple) and chosen and isinstance(chosen[0], type) and isinstance(optimizer, chosen[0]):
+            return getattr(owner, "args", None)
+    return None

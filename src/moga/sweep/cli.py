@@ -79,7 +79,8 @@ def sweep(
         aside = SweepStore(out).set_aside()
         if aside is not None:
             console.print(f"set the old store aside as {aside}; rebuilding it from {out / 'cells'}")
-    console.print(f"sweep {Path(target).name}: {len(spec.cells)} cells -> {out}")
+    console.print(f"sweep {Path(target).name}: {len(spec.cells)} cells -> {out} ({workers} worker(s), "
+                  f"{spec.spec.threads} thread(s) each)", soft_wrap=True)
     old = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: workers checkpoint and hand back their cells
     try:
         run = lambda sw: run_sweep(sw, out, workers, executor, ray_address, progress=not quiet,  # noqa: E731
@@ -100,7 +101,7 @@ def sweep(
     finally:
         signal.signal(signal.SIGTERM, old)
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "seconds")
-    console.print(f"done in {counts['seconds']} s: {summary}")
+    console.print(f"done in {counts['seconds']} s with {workers} worker(s): {summary}", soft_wrap=True)
     failed = counts.get(Status.FAILED, 0)
     if failed:  # a sweep with failed cells is unfinished work: exit non-zero, so scripts and CI notice
         total = sum(v for k, v in counts.items() if k != "seconds")
