@@ -48,9 +48,9 @@ SHARED_NAMES = {  # name -> why two functions still share it (in code other chan
     "judge": "experiments/reproduce/quality and experiments/tune (tune merged in the same turn)",
     "measure": "experiments/tune and smoothness (tune merged in the same turn)",
     "plan": "experiments/tune and kernels/coverage (tune merged in the same turn)",
-    "_named": "experiments/reproduce/run.py (pin, merged in the same turn) and sweep/report/summary.py",
+    "_named": "experiments/reproduce/transfer.py (pin, merged in the same turn) and sweep/report/summary.py",
     # the gap-width reproduction and the alignment diagnostic (gap, merged in the same turn)
-    "verdict_fields": "experiments/reproduce/gap.py and run.py", "rejudge": "experiments/reproduce/gap.py and run.py",
+    "verdict_fields": "experiments/reproduce/gap.py and transfer.py", "rejudge": "experiments/reproduce/gap.py and run.py",
     "_describe": "experiments/reproduce/gap.py and train/config.py", "_num": "experiments/reproduce/gap.py and "
     "sweep/report/document.py", "_finite": "experiments/reproduce/gap.py and quality.py",
     "_mean": "experiments/reproduce/quality.py and smoothness/alignment.py",

@@ -13,7 +13,7 @@ import moga
 # the models, and training logs its diagnostics, so it sits below train.
 LAYERS = [
     ["moga.hardware", "moga.layout", "moga.workspace", "moga.numerics", "moga.orthogonalize", "moga.geometry_base",
-     "moga.geometry", "moga.roles", "moga.status", "moga.kernels", "moga.filelock", "moga.files",
+     "moga.geometry", "moga.roles", "moga.status", "moga.verdicts", "moga.kernels", "moga.filelock", "moga.files",
      "moga.extras"],
     ["moga.optim", "moga.depth", "moga.models"],
     ["moga.smoothness"],
