@@ -5,15 +5,11 @@ no finished cell, and the claim's wall time adds up over every call (``OUT/secon
 Every run writes ``OUT/report/`` and ``OUT/outcome.json``, the stored summary that the README's table is
 made from (:mod:`.table`).
 
-A transfer reproduction runs its grid with one seed, then adds seeds on each panel's decisive rates until
-every panel is decided or has ``max_seeds`` there (:mod:`.seeds`); each panel's verdict carries 95% seed
-intervals on drift and regret (:mod:`moga.sweep.report.decision`). How a claim is judged from them:
-**held** when every panel the paper makes a claim about gets the verdict it claims; **failed** when any of
-them is confidently the opposite; **undecided** when one cannot be judged on this grid (an optimum on its
-edge: extend the grid; one scale; missing cells); **inconclusive** otherwise (the intervals straddle a limit,
-and the line says about how many seeds would decide it). ``outcome.json`` keeps every cell's final losses (a
-joint claim's with both scale keys; convergence keeps each check's per-seed numbers), so :func:`rejudge`
-recomputes the verdicts from the stored file alone.
+The claim's kind (:mod:`.kinds`, registered in :mod:`.catalog`) runs it and judges it (``transfer.py``: the
+panels' verdicts with 95% seed intervals; ``race.py``, ``quality.py``, ``gap.py``, ``convergence_claim.py``,
+``tune_claim.py``): **held**, **failed**, **inconclusive** (the intervals straddle a limit) or **undecided** (the
+grid cannot tell), the words of :mod:`moga.verdicts`. ``outcome.json`` keeps the numbers its verdict is made
+from, so :func:`rejudge` recomputes the verdicts from the stored file alone.
 """
 
 from __future__ import annotations
