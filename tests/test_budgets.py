@@ -16,13 +16,10 @@ SRC = Path(moga.__file__).resolve().parent
 FILE_LINES, FUNCTION_LINES, FRAMES = 500, 60, 4
 
 LONG_FILES = {  # file -> why it may pass FILE_LINES for now
-    "geometry.py": "530 lines after the hybrid geometries (row_spectral, spectral_row) merged; to split by family",
-    "roles.py": "the role plan: its builder, matcher and printout; to split with build_plan below",
-    "train/engine.py": "the one training loop and its checkpoint/resume glue; to split",
     "sweep/store.py": "558 lines after the stores and pin changes of the same turn; to split",
 }
 LONG_FUNCTIONS = {  # module:function -> why it may pass FUNCTION_LINES for now
-    "roles.py:build_plan": "one pass that classifies every parameter; to split with roles.py",
+    "roles/__init__.py:build_plan": "one pass that classifies every parameter; to split",
     "sweep/cli.py:sweep": "the command's argument handling; to split into parse and run",
     "experiments/reproduce/cli.py:reproduce_command": "the command's argument handling (another change edits it)",
     "optim/base.py:GeometryOptimizer.__init__": "torch's Optimizer contract: params, plan, multipliers, kernel",
@@ -51,9 +48,9 @@ SHARED_NAMES = {  # name -> why two functions still share it (in code other chan
     "judge": "experiments/reproduce/quality and experiments/tune (tune merged in the same turn)",
     "measure": "experiments/tune and smoothness (tune merged in the same turn)",
     "plan": "experiments/tune and kernels/coverage (tune merged in the same turn)",
-    "_named": "experiments/reproduce/run.py (pin, merged in the same turn) and sweep/report/summary.py",
+    "_named": "experiments/reproduce/transfer.py (pin, merged in the same turn) and sweep/report/summary.py",
     # the gap-width reproduction and the alignment diagnostic (gap, merged in the same turn)
-    "verdict_fields": "experiments/reproduce/gap.py and run.py", "rejudge": "experiments/reproduce/gap.py and run.py",
+    "verdict_fields": "experiments/reproduce/gap.py and transfer.py", "rejudge": "experiments/reproduce/gap.py and run.py",
     "_describe": "experiments/reproduce/gap.py and train/config.py", "_num": "experiments/reproduce/gap.py and "
     "sweep/report/document.py", "_finite": "experiments/reproduce/gap.py and quality.py",
     "_mean": "experiments/reproduce/quality.py and smoothness/alignment.py",

@@ -10,7 +10,7 @@ import moga
 
 HEAVY = ("torch.distributed.tensor", "sympy", "torch._dynamo", "torch._inductor", "transformers", "scipy",
          "matplotlib", "typer", "rich", "pydantic")
-BUDGET = 40  # modules `import moga` adds to `import torch`'s: 32 measured (moga's own 31 and sysconfig)
+BUDGET = 40  # modules `import moga` adds to `import torch`'s: 37 measured (moga's own 36 and sysconfig)
 
 
 def test_import_moga_loads_nothing_heavy_and_stays_in_budget():

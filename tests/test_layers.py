@@ -12,8 +12,9 @@ import moga
 # The smoothness library (block norm, Hessian operator, estimates, diagnostics) needs only the core and
 # the models, and training logs its diagnostics, so it sits below train.
 LAYERS = [
-    ["moga.hardware", "moga.layout", "moga.workspace", "moga.numerics", "moga.orthogonalize", "moga.geometry",
-     "moga.forward_use", "moga.roles", "moga.status", "moga.kernels", "moga.filelock", "moga.files",
+    ["moga.hardware", "moga.layout", "moga.workspace", "moga.numerics", "moga.orthogonalize", "moga.geometry_base",
+     "moga.geometry", "moga.forward_use", "moga.roles", "moga.status", "moga.verdicts", "moga.kernels",
+     "moga.filelock", "moga.files",
      "moga.extras"],
     ["moga.optim", "moga.depth", "moga.models"],
     ["moga.smoothness"],

@@ -21,6 +21,7 @@ from moga.sweep.report.summary import PanelSummary
 from moga.sweep.results import records
 from moga.sweep.spec import Sweep, canonical, cell_id
 from moga.sweep.store import SweepStore
+from moga.verdicts import INCONCLUSIVE
 
 
 def decisive_lrs(p: PanelSummary) -> dict[float, list[float]]:
@@ -35,7 +36,7 @@ def wanted_seeds(p: PanelSummary, min_seeds: int, max_seeds: int) -> int:
     d = p.decision
     if d is None:
         return 0
-    if d.verdict == "inconclusive":
+    if d.verdict == INCONCLUSIVE:
         return max(min_seeds, min(max_seeds, d.seeds_to_decide or max_seeds))
     return min_seeds
 

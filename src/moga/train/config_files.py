@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +92,14 @@ def _load_yaml(text: str, where: str) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """An override value as a YAML scalar (or flow list/dict): 0.1, 1e-3, true, null, [0.9, 0.95], adamw."""
+    """An override value as a YAML scalar (or flow list/dict): 0.1, 1e-3, true, null, [0.9, 0.95], adamw. A
+    sweep's cells repeat the same few values (``moga reproduce --list`` parses 6k): each is parsed once, and
+    every caller gets its own copy."""
+    return copy.deepcopy(_parsed_value(text))
+
+
+@lru_cache(maxsize=4096)
+def _parsed_value(text: str) -> Any:
     try:
         return _load_yaml(text, f"override value {text[:40]!r}")
     except yaml.constructor.ConstructorError as e:

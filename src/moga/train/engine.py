@@ -21,9 +21,7 @@ import importlib.util
 import json
 import math
 import random
-import signal
 import sys
-import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -50,9 +48,11 @@ from .checkpoint import (
 )
 from .config import RunConfig, as_config, dump_yaml, json_float
 from .diagnostics import StepInstruments, alignment_record
+from .evaluation import evaluate
 from .hashing import hash_diff
 from .metrics import MetricsLog, TensorBoardSink, WandbSink, progress_line
 from .schedule import build_schedule
+from .stops import StopFlag, divergence, nonfinite_flag
 from .tasks import build_task
 
 # Deferred on purpose, imported where used: torch._dynamo (seconds to import), only for train.compile.
@@ -96,38 +96,6 @@ def read_result(run_dir: str | Path) -> dict | None:
                               "command again; the run resumes from its checkpoint (or trains again) and writes it "
                               "anew") from None
     return result
-
-
-class _StopFlag:
-    """SIGTERM / SIGINT set a flag that the loop checks at the next step boundary (main thread only)."""
-
-    def __init__(self):
-        self.set, self._old = False, {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored on purpose (sweep workers: SIGINT)
-                    self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.set:  # a second Ctrl-C means now
-            raise KeyboardInterrupt
-        self.set = True
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-def nonfinite_flag(total_norm: torch.Tensor) -> torch.Tensor:
-    """The step's verdict from clipping's global gradient norm, on the device: it is NaN or inf exactly when
-    a gradient is (or, for finite gradients, when their norm overflows: a step worth skipping too). A
-    DTensor norm (FSDP2) is made whole first: one scalar all-reduce, instead of the optimizer's own."""
-    if hasattr(total_norm, "full_tensor"):
-        total_norm = total_norm.full_tensor()
-    return torch.isfinite(total_norm).logical_not()
 
 
 class Trainer:
@@ -342,14 +310,14 @@ class Trainer:
         try:
             resumed = self._setup()
             self._open_logs(resumed)
-            with _StopFlag() as flag:
+            with StopFlag() as flag:
                 return self._loop(stop_at, flag)
         finally:
             torch.use_deterministic_algorithms(previous)
             if hasattr(self, "log"):
                 self.log.close()
 
-    def _loop(self, stop_at: int | None, flag: _StopFlag) -> dict:
+    def _loop(self, stop_at: int | None, flag: StopFlag) -> dict:
         cfg, d, task = self.cfg, self.dist, self.task
         t0, start_step = time.perf_counter(), self.step
         self.session_start = last_log = t0
@@ -363,7 +331,7 @@ class Trainer:
             loss = summed_loss / d.world
             if self.initial_loss is None:
                 self.initial_loss = loss
-            reason = self._divergence(loss)
+            reason = divergence(cfg.train, loss, self.initial_loss)
             if reason is not None:
                 return self._diverged(loss, reason)
             found_inf = None
@@ -415,19 +383,6 @@ class Trainer:
                 return self._stopped()
         return self._finish()
 
-    def _divergence(self, loss: float) -> str | None:
-        """Why the run diverged: a non-finite loss, one above train.loss_ceiling, or one above
-        train.divergence_factor times the first step's loss; None while it has not."""
-        t, first = self.cfg.train, self.initial_loss
-        if not math.isfinite(loss):
-            return "non-finite loss"
-        if t.loss_ceiling is not None and loss > t.loss_ceiling:
-            return f"loss above train.loss_ceiling={t.loss_ceiling:g}"
-        if t.divergence_factor is not None and first is not None and math.isfinite(first) and first > 0 \
-                and loss > t.divergence_factor * first:
-            return f"loss above train.divergence_factor={t.divergence_factor:g} x the first step's loss {first:.4g}"
-        return None
-
     def _stopped(self) -> dict:
         """Not a result: the run continues when ``run`` is called again (nothing is written but the checkpoint)."""
         return {"status": STOPPED, "steps": self.step, "total_steps": self.total, "config_hash": self.hash}
@@ -471,41 +426,16 @@ class Trainer:
             print(progress_line(self.step, self.total, loss, lr, rate, self.task.unit, eta, shown, self.dist.world),
                   flush=True)
 
-    @torch.no_grad()
-    def evaluate(self, split: str) -> tuple[float, float | None]:
-        """(mean loss, accuracy or None) over a split, the batches shared out over processes."""
-        cfg, d, task = self.cfg, self.dist, self.task
-        batch_size = cfg.eval.batch_size or min(task.micro_batch, 1000)
-        self.model.eval()
-        loss_sum = correct_sum = count_sum = 0.0
-        batches = list(task.eval_batches(split, batch_size, cfg.eval.max_batches))
-        mine = batches[d.rank::d.world]
-        # FSDP gathers weights in every forward, so every rank runs as many: the short ones run a discarded one.
-        spare = -(-len(batches) // d.world) - len(mine) if self.fsdp and batches else 0
-        for i, (x, y) in enumerate(mine + batches[:spare]):
-            x, y = x.to(d.device), y.to(d.device)
-            with parallel.autocast(cfg.train.precision, d.device):
-                loss, correct, count = task.loss(self.model, x, y)
-            if i >= len(mine):
-                continue
-            loss_sum += float(loss) * count
-            correct_sum += float(correct)
-            count_sum += count
-        self.model.train()
-        loss_sum, correct_sum, count_sum = distributed.all_sum(d, [loss_sum, correct_sum, count_sum])
-        if count_sum == 0:
-            return math.nan, None
-        return loss_sum / count_sum, (correct_sum / count_sum if correct_sum >= 0 else None)
-
     def _evaluate_and_log(self) -> dict:
         cfg = self.cfg
         record = {"type": "eval", "step": self.step, "epoch": self._epoch(),
                   "train_loss": sum(self.since_eval) / len(self.since_eval) if self.since_eval else None}
+        of = lambda split: evaluate(self.model, self.task, cfg, self.dist, split, self.fsdp)  # noqa: E731
         if cfg.eval.train_eval:
-            record["train_eval_loss"], record["train_eval_acc"] = self.evaluate("train")
+            record["train_eval_loss"], record["train_eval_acc"] = of("train")
         split = cfg.eval.split
         if self.task.has_split(split):
-            record[f"{split}_loss"], record[f"{split}_acc"] = self.evaluate(split)
+            record[f"{split}_loss"], record[f"{split}_acc"] = of(split)
         record = {k: v for k, v in record.items() if v is not None}
         self.log.write(record)
         self.since_eval, self.last_eval = [], record

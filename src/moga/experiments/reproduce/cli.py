@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from moga.experiments.reproduce.catalog import ReproduceError, catalog, estimate, get
+from moga.experiments.reproduce.catalog import ReproduceError, catalog, cost_cache, estimate, get
 from moga.experiments.reproduce.run import reproduce
 from moga.experiments.reproduce.table import load_outcomes, results_table, update_readme
 from moga.filelock import writer_lock
@@ -109,8 +109,9 @@ def _list(scale: str) -> None:
     table = Table(title=f"moga reproduce: {scale} scale (time: estimated on 2 free cores of a quiet CPU)")
     for col in ("name", "paper", "figure", "claim", "cells", "time"):
         table.add_column(col, overflow="fold")
+    cache = cost_cache()  # each cell's cost, kept between calls: its model is built once per config and code
     for name, rep in catalog().items():
-        e = estimate(rep, scale)
+        e = estimate(rep, scale, cache=cache)
         cells = "-" if e["cells"] is None else str(e["cells"]) + _added(*e["seed_cells"], str)
         time_text = _duration(e["seconds"]) + _added(*e["seed_seconds"], _duration)
         table.add_row(name, rep.paper, rep.figure, rep.claim, cells,

@@ -30,6 +30,10 @@ import random
 import sys
 from pathlib import Path
 
+from moga.experiments.reproduce.clock import FILE, _seconds
+from moga.experiments.reproduce.cost import best_rate_seeds
+from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
+from moga.experiments.reproduce.reproduction import CONFIGS, ReproduceError, read_reproduction
 from moga.experiments.reproduce.quality import LEVEL, RESAMPLES, _mean, _same, best_lr, relative_interval, seed_losses
 from moga.sweep.results import records
 from moga.sweep.seeds import stored_include
@@ -37,10 +41,11 @@ from moga.sweep.spec import Sweep, cell_id
 from moga.status import Status
 from moga.sweep.store import SweepStore
 from moga.train import read_metrics
+from moga.verdicts import CLOSES, DOES_NOT_CLOSE, FAILED, HELD, INCONCLUSIVE, NO_VERDICT, UNDECIDED, worst_state
 
 MARGIN = 0.005  # per doubling: a gap that shrinks more slowly than half a point per doubling does not close
 MIN_WIDTHS = 3
-VERDICTS = {"closes": "held", "does not close": "failed", "inconclusive": "inconclusive", "no verdict": "undecided"}
+VERDICTS = {CLOSES: HELD, DOES_NOT_CLOSE: FAILED, INCONCLUSIVE: INCONCLUSIVE, NO_VERDICT: UNDECIDED}
 ALIGNMENT_KEYS = ("gram_dominance", "gram_coherence", "cosine")
 
 
@@ -232,7 +237,7 @@ def _panel(where: dict, entries: list[dict], margin: float, resamples: int) -> d
     title = _title(where, list(where))
     panel = {"panel": where, "title": title, "widths": [e["scale"] for e in entries]}
     if len(entries) < 2:
-        return {**panel, "verdict": "no verdict", "line": f"{len(entries)} width(s) judged; a slope needs 2 or more"}
+        return {**panel, "verdict": NO_VERDICT, "line": f"{len(entries)} width(s) judged; a slope needs 2 or more"}
     x = [math.log2(e["scale"]) for e in entries]
     slope = _slope(x, [e["gap"] for e in entries])
     rng = random.Random(0)
@@ -252,17 +257,17 @@ def _panel(where: dict, entries: list[dict], margin: float, resamples: int) -> d
     edge = [e["scale"] for e in entries if e["subject_lr_on_edge"] or e["baseline_lr_on_edge"]]
     few = [e["scale"] for e in entries if e["seeds"] < 2]
     if len(entries) < MIN_WIDTHS or edge:
-        verdict = "no verdict"
+        verdict = NO_VERDICT
         why = (f"{len(entries)} widths judged (a verdict needs {MIN_WIDTHS})" if len(entries) < MIN_WIDTHS
                else f"a best rate on the edge of the rates run at width {', '.join(map(str, edge))}")
     elif few:
-        verdict, why = "inconclusive", f"one seed on a side at width {', '.join(map(str, few))}"
+        verdict, why = INCONCLUSIVE, f"one seed on a side at width {', '.join(map(str, few))}"
     elif high < 0:
-        verdict, why = "closes", "the slope's interval lies below 0"
+        verdict, why = CLOSES, "the slope's interval lies below 0"
     elif low > -margin:
-        verdict, why = "does not close", f"the slope's lower end is above -{100 * margin:g}% per doubling"
+        verdict, why = DOES_NOT_CLOSE, f"the slope's lower end is above -{100 * margin:g}% per doubling"
     else:
-        verdict, why = "inconclusive", "the slope's interval straddles the limits"
+        verdict, why = INCONCLUSIVE, "the slope's interval straddles the limits"
     first, last = entries[0], entries[-1]
     line = (f"gap {_pct(first['gap'])} at width {first['scale']} to {_pct(last['gap'])} [{_pct(last['low'])}, "
             f"{_pct(last['high'])}] at {last['scale']}; slope {_pct(slope)} per doubling [{_pct(low)}, {_pct(high)}]"
@@ -282,14 +287,14 @@ def verdict_fields(cells: list[dict], analysis: dict) -> dict:
     """outcome, key, details, unclaimed, panels and widths of the stored cells (what a recheck recomputes)."""
     widths, panels = analyze_cells(cells, analysis)
     states = [VERDICTS[p["verdict"]] for p in panels]
-    outcome = next((s for s in ("failed", "undecided", "inconclusive", "held") if s in states), "undecided")
+    outcome = worst_state(states)
     details = [f"[{VERDICTS[p['verdict']]}] {p['title']}: {p['line']}" for p in panels]
     details += [_describe(w) for w in widths]
     key = "; ".join(f"{p['title']}: slope {_pct(p['slope'])}/doubling [{_pct(p['slope_low'])}, "
                     f"{_pct(p['slope_high'])}], {p['verdict']}" for p in panels if "slope" in p)
     missing = _missing(widths, analysis)
     if missing:  # the widths that ran say something; the claim, about every width it names, is not decided
-        outcome = "inconclusive"
+        outcome = INCONCLUSIVE
         text = "; ".join(f"{t} {', '.join(map(str, ws))}" for t, ws in missing.items())
         key = f"partial (not yet run: {text})" + (f"; {key}" if key else "")
         details.insert(0, f"[partial] widths not yet run: {text}")
@@ -335,6 +340,22 @@ _WIDTH_FIELDS = {"scale", "gap", "low", "high", "seeds", "note"} | {
 def rejudge(outcome: dict) -> dict:
     """The verdict fields recomputed from a stored outcome's cells."""
     return {**outcome, **verdict_fields(outcome["cells"], outcome["analysis"])}
+
+
+def _curves(rep, scale: str, sweep: Sweep, curves: dict) -> dict:
+    """--list: from ``narrow_from`` on, 3 rates per curve (a width's cells, :func:`run_staged`)."""
+    narrow = settings(rep, scale).get("narrow_from", math.inf)
+    key = sweep.spec.scale_key
+    return {k: (min(n, 3) if json.loads(k)[key] >= narrow else n, s) for k, (n, s) in curves.items()}
+
+
+def _staged(rep, out: Path, args: RunArgs):
+    return run_staged(rep, args.scale, args.data, out, lambda sweep: args.run(sweep, out), args.min_seeds)
+
+
+GAP = ClaimKind("gap", judged_sweep(_staged, judge), lambda outcome, expect: rejudge(outcome),
+                stores=lambda outcome: bool((outcome.get("analysis") or {}).get("gap")),
+                seeds_added=best_rate_seeds, curves=_curves)
 
 
 # --- the mechanism ----------------------------------------------------------------------------------------
@@ -423,10 +444,9 @@ def _finite(value):
 def store_outcome(out: Path, scale: str = "cpu", name: str = "gap-width") -> dict:
     """The outcome of what ``out`` holds now (read only: its runner may still be going), in the form
     ``moga reproduce`` stores, marked ``partial`` with the widths not yet run."""
-    from moga.experiments.reproduce.catalog import get
-    from moga.experiments.reproduce.clock import FILE, _seconds
-
-    rep = get(name)
+    rep = next((r for r in map(read_reproduction, sorted(CONFIGS.glob("*.yaml"))) if r.name == name), None)
+    if rep is None:
+        raise ReproduceError(f"no reproduction {name!r}")
     sweep = rep.sweep(scale)
     store = SweepStore(out)
     running = sorted({c["params"][sweep.spec.scale_key] for c in store.cells()  # a stage not yet through

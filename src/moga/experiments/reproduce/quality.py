@@ -28,15 +28,16 @@ import random
 import sys
 from pathlib import Path
 
+from moga.experiments.reproduce.kinds import ClaimKind, grid_once, judged_sweep
 from moga.files import write_json, write_text
 from moga.sweep.results import records
 from moga.sweep.spec import optimizer_labels
 from moga.sweep.store import SweepStore, changed_keys
+from moga.verdicts import FAILED, HELD, INCONCLUSIVE, UNDECIDED, within_goal
 
 GOAL = 0.02
 LEVEL = 0.95
 RESAMPLES = 2000
-OUTCOMES = ("held", "failed", "inconclusive")
 
 
 # --- statistics ------------------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def relative_interval(subject: list[float], baseline: list[float], *, level: flo
 
 
 def verdict(low: float, high: float, goal: float = GOAL) -> str:
-    return "held" if high <= goal else "failed" if low > goal else "inconclusive"
+    return within_goal(low, high, goal)
 
 
 def _ratio(a, b) -> float:
@@ -128,7 +129,7 @@ def compare(rows: list[dict], *, subject: str, baselines: list[str], scale_key: 
                     if lr is not None:
                         rivals[name] = (lr, theirs[lr], lr in (min(theirs), max(theirs)))
                 if tuned is None or tuned not in mine or not rivals:
-                    out.append({**cell, "outcome": "inconclusive", "note": "missing cells: no tuned subject or baseline"})
+                    out.append({**cell, "outcome": INCONCLUSIVE, "note": "missing cells: no tuned subject or baseline"})
                     continue
                 name, (lr, losses, edge) = min(rivals.items(), key=lambda kv: _mean(kv[1][1].values()))
                 a, b = list(mine[tuned].values()), list(losses.values())
@@ -139,7 +140,7 @@ def compare(rows: list[dict], *, subject: str, baselines: list[str], scale_key: 
                             "others": {n: {"lr": v[0], "loss": _mean(v[1].values())} for n, v in rivals.items()},
                             "seeds": len(a), "baseline_seeds": len(b), "relative": point, "low": low, "high": high,
                             # a seed that diverges at the transferred rate: the rate does not serve this width
-                            "outcome": "failed" if diverged else _tuned_verdict(verdict(low, high, goal), cell, edge),
+                            "outcome": FAILED if diverged else _tuned_verdict(verdict(low, high, goal), cell, edge),
                             **({"note": f"diverged on {diverged} of {len(a)} seeds"} if diverged else {})})
     return out
 
@@ -147,16 +148,16 @@ def compare(rows: list[dict], *, subject: str, baselines: list[str], scale_key: 
 def _tuned_verdict(outcome: str, cell: dict, baseline_edge: bool) -> str:
     """A best lr on its grid's edge may not be the optimum: a win over a baseline that may be under-tuned, or a
     loss of a subject that may be, decides nothing."""
-    if (outcome == "held" and baseline_edge) or (outcome == "failed" and cell["subject_lr_on_edge"]):
-        return "inconclusive"
+    if (outcome == HELD and baseline_edge) or (outcome == FAILED and cell["subject_lr_on_edge"]):
+        return INCONCLUSIVE
     return outcome
 
 
 def claim_outcome(cells: list[dict]) -> str:
     states = [c["outcome"] for c in cells]
     if not states:
-        return "undecided"
-    return "failed" if "failed" in states else "held" if all(s == "held" for s in states) else "undecided"
+        return UNDECIDED
+    return FAILED if FAILED in states else HELD if all(s == HELD for s in states) else UNDECIDED
 
 
 def judge(rep, sweep, out: Path, max_regret: float) -> dict:
@@ -182,6 +183,9 @@ def judge(rep, sweep, out: Path, max_regret: float) -> dict:
                                     f"at {_where(worst, q.get('panel_keys', ()))} (goal {_pct(goal)})")
     return {"outcome": claim_outcome(cells), "key": key, "details": lines, "cells": _finite(cells),
             "report": str(report / "quality.md")}
+
+
+QUALITY = ClaimKind("quality", judged_sweep(grid_once, judge))  # its grid has its seeds
 
 
 def describe(c: dict, panel_keys=()) -> str:

@@ -26,11 +26,18 @@ Time is wall-clock: runs that shared a loaded machine time it loosely.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
+from moga.experiments.reproduce.cost import best_rate_seeds, cell_cost
+from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
+from moga.files import write_json
+from moga.sweep.report.summary import json_safe
+from moga.sweep.seeds import stored_include
 from moga.sweep.spec import arm_label
 from moga.sweep.store import SweepStore
+from moga.verdicts import FAILED, HELD, INCONCLUSIVE, UNDECIDED, worst_state
 
 RESAMPLES = 1000
 
@@ -155,12 +162,12 @@ def race_ratios(subject: dict, rival: dict, level: float = 0.95, seed: int = 0) 
 def budget_state(r: dict) -> str:
     ivs = (r["tokens_interval"], r["time_interval"])
     if any(iv is None for iv in ivs):
-        return "inconclusive"
+        return INCONCLUSIVE
     if all(iv[1] < 1 for iv in ivs):
-        return "held"
+        return HELD
     if any(iv[0] > 1 for iv in ivs):
-        return "failed"
-    return "inconclusive"
+        return FAILED
+    return INCONCLUSIVE
 
 
 def token_trend(first: dict, last: dict) -> str:
@@ -201,7 +208,7 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
                          f"{len(b['losses'])} seeds{'; best lr on the grid edge' if b['edge'] else ''})"))
     for subject in subjects:
         if len(data[rival]) < 2 or not data[subject]:
-            states.append("undecided")
+            states.append(UNDECIDED)
             lines.append(f"[undecided] {subject} vs {rival}: too few finished budgets to interpolate")
             continue
         ratios = race_ratios(data[subject], data[rival])
@@ -210,7 +217,7 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             # the subject's tuning at this budget, and the rival's at every budget the interpolation reads
             edges = ([subject] if best[(subject, budget)]["edge"] else []) + \
                 ([rival] if any(best.get((rival, x), {}).get("edge") for x in budgets) else [])
-            state = "undecided" if edges else budget_state(r)
+            state = UNDECIDED if edges else budget_state(r)
             mine[budget] = {**r, "state": state}
             lines.append(f"[{state}] {subject} at {head(budget)} ends at {r['loss']:.4f}; to end there it needs "
                          f"{_ratio(r['tokens_ratio'], budget, budgets)}{_iv(r['tokens_interval'])} {rival}'s tokens "
@@ -220,7 +227,7 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
         results[subject] = mine
         if subject == subjects[0]:
             states += [m["state"] for m in mine.values()]
-    outcome = next((s for s in ("failed", "undecided", "inconclusive", "held") if s in states), "undecided")
+    outcome = worst_state(states)
     claim = results.get(subjects[0], {})
     key = "; ".join(f"{b} steps: {subjects[0]} {_ratio(r['tokens_ratio'], b, budgets)}{_iv(r['tokens_interval'])} "
                     f"{rival}'s tokens, {_ratio(r['time_ratio'], None, budgets)}{_iv(r['time_interval'])} its time"
@@ -253,3 +260,26 @@ def _iv(iv) -> str:
 def contender_arms(rep) -> list[str]:
     """The arms the reproduction races, subjects first and the rival last (``contenders`` in its YAML)."""
     return list(rep.raw.get("contenders", ["moga (paper preset)", "muon (published)"]))
+
+
+def _race_runs(rep, out: Path, args: RunArgs):
+    """The grid, then ``min_seeds`` seeds at each contender's best setting per budget, as they settle."""
+    make = lambda include: args.sweep(rep, include)  # noqa: E731
+    include = stored_include(out, make)
+    sweep = make(include)
+    counts = args.run(sweep, out)  # failed cells (a missing data set, say) run again: a re-run completes it
+    while args.max_seeds > 1 and (extra := race_seeds(SweepStore(out), sweep, contender_arms(rep), args.min_seeds)):
+        include += extra
+        sweep = make(include)
+        counts = args.run(sweep, out)
+    return sweep, counts
+
+
+def _judge_race(rep, sweep, out: Path, max_regret: float) -> dict:
+    result = judge_race(rep, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])  # one model for all
+    (out / "report").mkdir(parents=True, exist_ok=True)
+    write_json(out / "report" / "race.json", json_safe(result["race"]))
+    return {**result, "report": str(out / "report" / "race.json")}
+
+
+RACE = ClaimKind("race", judged_sweep(_race_runs, _judge_race), seeds_added=best_rate_seeds)

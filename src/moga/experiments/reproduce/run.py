@@ -5,45 +5,27 @@ no finished cell, and the claim's wall time adds up over every call (``OUT/secon
 Every run writes ``OUT/report/`` and ``OUT/outcome.json``, the stored summary that the README's table is
 made from (:mod:`.table`).
 
-A transfer reproduction runs its grid with one seed, then adds seeds on each panel's decisive rates until
-every panel is decided or has ``max_seeds`` there (:mod:`.seeds`); each panel's verdict carries 95% seed
-intervals on drift and regret (:mod:`moga.sweep.report.decision`). How a claim is judged from them:
-**held** when every panel the paper makes a claim about gets the verdict it claims; **failed** when any of
-them is confidently the opposite; **undecided** when one cannot be judged on this grid (an optimum on its
-edge: extend the grid; one scale; missing cells); **inconclusive** otherwise (the intervals straddle a limit,
-and the line says about how many seeds would decide it). ``outcome.json`` keeps every cell's final losses (a
-joint claim's with both scale keys; convergence keeps each check's per-seed numbers), so :func:`rejudge`
-recomputes the verdicts from the stored file alone.
+The claim's kind (:mod:`.kinds`, registered in :mod:`.catalog`) runs it and judges it (``transfer.py``: the
+panels' verdicts with 95% seed intervals; ``race.py``, ``quality.py``, ``gap.py``, ``convergence_claim.py``,
+``tune_claim.py``): **held**, **failed**, **inconclusive** (the intervals straddle a limit) or **undecided** (the
+grid cannot tell), the words of :mod:`moga.verdicts`. ``outcome.json`` keeps the numbers its verdict is made
+from, so :func:`rejudge` recomputes the verdicts from the stored file alone.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
-import torch
-
-from moga.experiments.reproduce import gap, quality, tune_claim
-from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, cell_cost
+from moga.experiments.reproduce.catalog import Reproduction, kind_of, stored_kind
 from moga.experiments.reproduce.clock import ClaimClock
-from moga.experiments.reproduce.race import contender_arms, judge_race, race_seeds
-from moga.experiments.smoothness.checks import judge_checks
-from moga.experiments.smoothness.convergence import convergence_experiment
+from moga.experiments.reproduce.convergence_claim import combined_outcome
+from moga.experiments.reproduce.kinds import RunArgs
+from moga.experiments.reproduce.transfer import judge_panels
 from moga.files import refuse_symlinks, write_json
-from moga.sweep.executor import run_sweep
-from moga.sweep.report import analyze, write_report
-from moga.sweep.report.joint import analyze_joint, plot_regret_map
-from moga.sweep.report.schema import ALIASES, parse_records
 from moga.sweep.report.summary import json_safe
 from moga.sweep.report.verdict import MAX_REGRET
-from moga.sweep.results import records
-from moga.sweep.seeds import run_until_decided, stored_include
-from moga.sweep.spec import Sweep, optimizer_labels
-from moga.sweep.store import SweepStore
 
-OUTCOMES = ("held", "failed", "inconclusive", "undecided")
-CONVERGENCE_THREADS = 1  # its runs are in this process: pinned like a sweep cell's (moga.sweep.spec)
+__all__ = ["combined_outcome", "judge_panels", "recheck", "rejudge", "reproduce"]
 
 
 def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int = 2, executor: str = "local",
@@ -52,193 +34,15 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
     """Run (or resume) ``rep`` at ``scale`` in ``out``, write its report and outcome.json; return the outcome."""
     out = Path(out)
     refuse_symlinks(out / "report")  # a link planted there would take the report out of the directory
+    args = RunArgs(scale, data, workers, executor, ray_address, max_regret, progress, min_seeds, max_seeds)
     with ClaimClock(out) as clock:  # a resumed or extended run adds to the time already spent, kills included
-        outcome = _run_and_judge(rep, out, scale, workers, executor, ray_address, data, max_regret, progress,
-                                 min_seeds, max_seeds)
+        outcome = kind_of(rep).run(rep, out, args)
         outcome.update(name=rep.name, paper=rep.paper, figure=rep.figure, claim=rep.claim, scale=scale,
                        command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
                                                                           " --scale paper" if scale == "paper" else ""),
                        seconds=clock.elapsed(), max_regret=max_regret)
         write_json(out / "outcome.json", json_safe(outcome))  # a kill mid-write keeps the last outcome
     return outcome
-
-
-def _run_and_judge(rep: Reproduction, out: Path, scale: str, workers: int, executor: str, ray_address: str | None,
-                   data: str | None, max_regret: float, progress: bool, min_seeds: int, max_seeds: int) -> dict:
-    if rep.kind == "convergence":
-        outcome = _convergence(rep, out, scale, data, progress)
-    elif rep.kind == "tune":  # its own runs: moga tune per target, then the target's check (.tune_claim)
-        outcome = tune_claim.run_claim(rep, out, scale, workers, executor, ray_address, progress, min_seeds,
-                                       max_seeds)
-    else:
-        run = lambda sw: run_sweep(sw, out, workers=workers, executor=executor,  # noqa: E731
-                                   ray_address=ray_address, progress=progress, retry_failed=True)
-        make = lambda include: _sweep(rep, scale, data, include)  # noqa: E731
-        if rep.kind == "gap":  # width by width, narrow grids and seeds where cells are dear (.gap)
-            sweep, counts = gap.run_staged(rep, scale, data, out, run, min_seeds)
-        elif rep.kind in ("transfer", "joint"):
-            # a joint sweep takes its seeds from the one-axis panels (a curve per width at each depth): every
-            # pair's argmin and neighbours, and the rates around each depth's reference optimum
-            keys = rep.sweep(scale, data).spec.all_scale_keys
-            group = rep.group_keys if rep.kind == "transfer" else [*rep.group_keys, keys[1]]
-            rows_of = (lambda sw: _records(rep, sw, out)) if rep.kind == "transfer" else \
-                (lambda sw: (_records(rep, sw, out)[0], keys[0]))
-            sweep, counts = run_until_decided(make, out, run, rows_of, group, max_regret, min_seeds, max_seeds)
-        else:
-            include = stored_include(out, make)
-            sweep = make(include)
-            counts = run(sweep)  # failed cells (a missing data set, say) run again: a re-run completes it
-            while rep.kind == "race" and max_seeds > 1 and (extra := _race_seeds(rep, sweep, out, min_seeds)):
-                include += extra
-                sweep = make(include)
-                counts = run(sweep)
-        judge = {"transfer": _transfer, "joint": _joint, "race": _race, "quality": quality.judge,
-                 "gap": gap.judge}[rep.kind]
-        outcome = judge(rep, sweep, out, max_regret)
-        outcome["runs"] = {str(k): v for k, v in counts.items() if k != "seconds" and v}
-        outcome["data"] = sweep.base["data"].get("name")
-    return outcome
-
-
-def _sweep(rep: Reproduction, scale: str, data: str | None, include: list[dict]):
-    spec = rep.sweep_dict(scale, data)
-    if include:
-        spec["include"] = include
-    return Sweep.from_dict(spec)
-
-
-def _race_seeds(rep: Reproduction, sweep, out: Path, min_seeds: int) -> list:
-    return race_seeds(SweepStore(out), sweep, contender_arms(rep), min_seeds)
-
-
-# --- the claim over the panels -----------------------------------------------------------------------------
-
-def judge_panels(expect: list[dict], verdicts: list[dict]) -> tuple[str, list[str]]:
-    """(outcome, one line per claimed panel) from the paper's expectations and the panels' verdicts."""
-    lines, states = [], []
-    for e in expect:
-        matched = [v for v in verdicts if all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items())]
-        if not matched:
-            states.append("undecided")
-            lines.append(f"{_where(e['panel'])}: no panel ran (claimed: {e['verdict']})")
-        for v in matched:
-            state = ("held" if v["verdict"] == e["verdict"] else "undecided" if v["verdict"] == "no verdict"
-                     else "inconclusive" if v["verdict"] == "inconclusive" else "failed")
-            states.append(state)
-            lines.append(f"[{state}] {v['title']} (claimed: {e['verdict']}): {v['line']}")
-    if not states:
-        return "undecided", ["the paper's claim names no panel"]
-    outcome = next(s for s in ("failed", "undecided", "inconclusive", "held") if s in states)
-    return outcome, lines
-
-
-def _where(panel: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in panel.items())
-
-
-def key_number(expect: list[dict], panels: list[dict]) -> str:
-    """The claim in numbers: over the claimed panels, the largest drift and the worst regret with their 95%
-    seed intervals, and the fewest seeds at a decisive rate."""
-    parts = []
-    for wanted in ("transfers", "does not transfer"):
-        chosen = [p for p in panels if any(e["verdict"] == wanted and all(
-            str(p["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in expect)]
-        scales = [s for p in chosen if p.get("decision") for s in p["decision"]["scales"][1:]]
-        who = "" if wanted == "transfers" else "baseline "
-        if scales:
-            drift = max(scales, key=lambda s: abs(s["drift_steps"]))
-            regret = max(scales, key=lambda s: -1 if s["regret"] is None else s["regret"])
-            text = f"{who}drift {drift['drift_steps']:+.2f} steps{_interval(drift['drift_interval'], '{:+.2f}')}"
-            if regret["regret"] is not None:
-                text += f", worst regret {100 * regret['regret']:.1f}%{_interval(regret['regret_interval'], '{:.1%}')}"
-            text += f" ({min(s['seeds'] for s in scales)}+ seeds)"
-            parts.append(text)
-        elif chosen:
-            drifts = [_drift(p) for p in chosen if _drift(p) is not None]
-            parts.append(f"{who}drift >= {min(drifts):g} steps (grid edge)" if drifts else f"{who}drift n/a")
-    return "; ".join(parts)
-
-
-def _interval(iv, fmt: str) -> str:
-    if iv is None:
-        return ""
-    lo, hi = (v if v is not None else math.inf for v in iv)  # null: a diverging resample
-    show = lambda v: "inf" if math.isinf(v) else fmt.format(v)  # noqa: E731
-    return f" [{show(lo)}, {show(hi)}]"
-
-
-def _drift(p: dict) -> float | None:
-    d = p["drift"]
-    if d.get("steps") is not None:
-        return d["steps"] if d.get("steps_at_least") is None else max(d["steps"], d["steps_at_least"])
-    if d.get("steps_at_least") is not None:
-        return d["steps_at_least"]
-    return d.get("log2_grid")
-
-
-# --- kinds -------------------------------------------------------------------------------------------------
-
-def _records(rep: Reproduction, sweep, out: Path) -> tuple[list[dict], str]:
-    rows = records(SweepStore(out))
-    scale_key = sweep.spec.scale_key
-    mapping = (rep.raw.get("scale_values") or {}).get(scale_key)
-    if mapping:  # e.g. ResNet stages -> K, the number of residual blocks
-        for r in rows:
-            r["K"] = mapping[str(r[scale_key])]
-        scale_key = "K"
-    if not rows:
-        raise ReproduceError(f"{rep.name}: no cell of {out} settled; see `moga sweep status {out}`")
-    return rows, scale_key
-
-
-def _transfer(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
-    rows, scale_key = _records(rep, sweep, out)
-    write_report(rows, out / "report", scale_key=scale_key, title=f"{rep.name}: {rep.claim}",
-                 group_keys=rep.group_keys, formats=("png",), max_regret=max_regret)
-    summary = json.loads((out / "report" / "summary.json").read_text())
-    return {**verdict_fields(rep.expect, summary["metrics"].get("train_loss", []), optimizer_labels(sweep)),
-            "report": str(out / "report" / "report.md"),
-            "analysis": {"scale_key": scale_key, "group_keys": rep.group_keys, "metric": "train_loss",
-                         "max_regret": max_regret},
-            "cells": stored_cells(rows, scale_key, rep.group_keys)}
-
-
-def verdict_fields(expect: list[dict], panels: list[dict], arms: dict[str, str] | None = None) -> dict:
-    """An outcome's verdict fields (outcome, key, details, unclaimed, panels) from its panels' summaries; ``arms``
-    ({optimizer: :func:`moga.sweep.spec.arm_label`}) names in each panel's title which Muon and MOGA ran."""
-    panels = [_named(p, arms or {}) for p in panels]
-    verdicts = [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"]}
-                for p in panels]
-    outcome, lines = judge_panels(expect, verdicts)
-    others = [f"{v['title']}: {v['line']}" for v in verdicts
-              if not any(all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items()) for e in expect)]
-    return {"outcome": outcome, "key": key_number(expect, panels), "details": lines, "unclaimed": others,
-            **({"arms": arms} if arms else {}),
-            "panels": [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"],
-                        "decision": p.get("decision")} for p in panels]}
-
-
-CELL_KEYS = ("scale", "lr", "seed", "status", "train_loss", "val_loss")
-
-
-def _named(panel: dict, arms: dict[str, str]) -> dict:
-    """The panel with its title's leading optimizer name replaced by its arm, "muon" -> "muon (moga preset)"."""
-    name = panel["panel"].get("optimizer")
-    label = arms.get(name)
-    if not label or label == name or not panel["title"].startswith(name):
-        return panel
-    return {**panel, "title": label + panel["title"][len(name):]}
-
-
-def stored_cells(rows: list[dict], scale_key: str, group_keys) -> list[dict]:
-    """Every settled cell's panel, scale, lr, seed and final losses: what a reader needs to recheck a verdict."""
-    out = []
-    for r in parse_records(rows, scale_key):
-        cell = {k: r.get(k) for k in group_keys}
-        cell.update({k: r.get(k) for k in CELL_KEYS})
-        cell["scale_key"] = scale_key
-        out.append(cell)
-    return out
 
 
 def recheck(outcome: dict) -> list[dict]:
@@ -251,123 +55,6 @@ def rejudge(outcome: dict, expect: list[dict]) -> dict:
     """A stored outcome with its verdict fields recomputed from its own numbers (a transfer's or joint's cells,
     convergence's per-seed numbers): after a change to the statistics, the verdicts move without re-running a
     cell."""
-    if "seed_numbers" in outcome:
-        return {**outcome, **convergence_fields(outcome["seed_numbers"])}
-    if outcome.get("kind") == "tune":
-        return {**outcome, **tune_claim.target_fields(outcome["targets"], outcome["goal"])}
-    a = outcome["analysis"]
-    if a.get("gap"):
-        return gap.rejudge(outcome)
-    if "scale_keys" in a:  # joint: the tuning FLOPs saved come from the sweep's cost model, not from cells
-        saved = {json.dumps(p["panel"], sort_keys=True): p.get("tuning_flops_saved") for p in outcome["panels"]}
-        joint = analyze_joint_cells(outcome["cells"], a)
-        return {**outcome, **joint_fields(expect, joint, [saved.get(json.dumps(j.panel, sort_keys=True))
-                                                          for j in joint])}
-    panels = analyze(outcome["cells"], scale_key=a["scale_key"], metric=a["metric"], group_keys=a["group_keys"],
-                     max_regret=a["max_regret"])
-    return {**outcome, **verdict_fields(expect, [p.to_dict() for p in panels], outcome.get("arms"))}
+    return stored_kind(outcome).rejudge(outcome, expect)
 
 
-def _joint(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
-    rows, _ = _records(rep, sweep, out)
-    keys = sweep.spec.all_scale_keys
-    # the one-axis report, one panel per depth with a curve per width
-    write_report(rows, out / "report", scale_key=keys[0], title=f"{rep.name}: {rep.claim}",
-                 group_keys=[*rep.group_keys, keys[1]], formats=("png",), max_regret=max_regret)
-    analysis = {"scale_keys": keys, "group_keys": rep.group_keys, "metric": "train_loss", "max_regret": max_regret}
-    cells = stored_cells(rows, keys[0], [*rep.group_keys, keys[1]])  # the other scale key as a group
-    joint = analyze_joint_cells(cells, analysis)  # from the stored cells, exactly as a recheck reads them
-    figures = [str(plot_regret_map(j, out / "report" / "figures" / f"regret_map_{i}.png", max_regret))
-               for i, j in enumerate(joint)]
-    fields = joint_fields(rep.expect, joint, [_tuning_saved(sweep, j) for j in joint])
-    write_json(out / "report" / "joint.json", fields["panels"])
-    return {**fields, "figures": figures, "report": str(out / "report" / "report.md"), "analysis": analysis,
-            "cells": cells}
-
-
-def analyze_joint_cells(cells: list[dict], analysis: dict) -> list:
-    a = analysis
-    return analyze_joint(cells, a["scale_keys"], metric=a["metric"], group_keys=a["group_keys"],
-                         max_regret=a["max_regret"])
-
-
-def joint_fields(expect: list[dict], joint: list, saved: list[float | None]) -> dict:
-    """A joint outcome's verdict fields (outcome, key, details, panels) from its panels' analyses and the share
-    of tuning FLOPs that reusing the smallest pair's rate saves in each."""
-    verdicts = [{"panel": j.panel, "title": j.title, "verdict": j.verdict, "line": j.verdict_line} for j in joint]
-    outcome, lines = judge_panels(expect, verdicts)
-    saved_text = lambda s: "n/a" if s is None or not math.isfinite(s) else f"{100 * s:.0f}%"  # noqa: E731
-    key = "; ".join(f"{j.title}: worst regret " + ("n/a" if j.worst_regret is None else "diverges"
-                                                    if math.isinf(j.worst_regret) else f"{100 * j.worst_regret:.1f}%")
-                    + (f", drift {j.drift_steps} steps" if j.drift_steps is not None else "")
-                    + f", tuning FLOPs saved {saved_text(s)}" for j, s in zip(joint, saved))
-    panels = [json_safe({**j.to_dict(), "title": j.title, "tuning_flops_saved": s}) for j, s in zip(joint, saved)]
-    return {"outcome": outcome, "key": key, "details": lines, "panels": panels}
-
-
-def _tuning_saved(sweep, j) -> float:
-    """Share of the tuning FLOPs saved by sweeping lrs on the smallest pair only and training every other pair
-    once at its rate, against sweeping every pair's grid."""
-    lr_key = sweep.spec.lr_key
-    keys = sweep.spec.all_scale_keys
-    costs: dict[tuple, float] = {}
-    lrs: dict[tuple, int] = {}
-    for cell in sweep.cells:
-        if any(str(cell.get(k)) != str(v) for k, v in _panel_params(j.panel).items()):
-            continue
-        pair = tuple(float(cell[k]) for k in keys)
-        lrs[pair] = lrs.get(pair, 0) + 1
-        if pair not in costs:
-            costs[pair] = cell_cost(sweep.config(cell))["flops"]
-    if not costs:
-        return math.nan
-    full = sum(costs[p] * lrs[p] for p in costs)
-    ref = min(costs)
-    transfer = costs[ref] * lrs[ref] + sum(c for p, c in costs.items() if p != ref)
-    return 1 - transfer / full
-
-
-def _panel_params(panel: dict) -> dict:
-    names = {v: k for k, v in ALIASES.items()}
-    return {names.get(k, k): v for k, v in panel.items() if v not in (None, "")}
-
-
-def _race(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
-    result = judge_race(rep, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])  # one model for all
-    (out / "report").mkdir(parents=True, exist_ok=True)
-    write_json(out / "report" / "race.json", json_safe(result["race"]))
-    return {**result, "report": str(out / "report" / "race.json")}
-
-
-def combined_outcome(states: list[str]) -> str:
-    """A claim of several checks: failed when one failed, undecided when one was not measured (or none ran),
-    inconclusive when one was, held when all held."""
-    if not states:
-        return "undecided"
-    return ("failed" if "failed" in states else "undecided" if "not measured" in states
-            else "inconclusive" if "inconclusive" in states else "held")
-
-
-def _convergence(rep: Reproduction, out: Path, scale: str, data: str | None, progress: bool) -> dict:
-    settings = rep.settings(scale, data)
-    quick = bool(settings.pop("quick", False))
-    log = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(CONVERGENCE_THREADS)  # as a sweep cell: the numbers must not depend on the machine's cores
-    try:
-        result = convergence_experiment(out, quick, log, **settings)
-        used = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(threads)
-    return {**convergence_fields(result["seed_numbers"]), "seed_numbers": result["seed_numbers"],
-            "report": result["files"]["summary"], "data": ",".join(result["settings"]["data"]),
-            "runs": {"missing data": result["missing"]} if result["missing"] else {},
-            "threads": used}
-
-
-def convergence_fields(numbers: dict) -> dict:
-    """A convergence outcome's verdict fields (outcome, key, details) from its per-seed numbers."""
-    checks = judge_checks(numbers)
-    return {"outcome": combined_outcome([c["state"] for c in checks]),
-            "key": "; ".join(c["text"] for c in checks[:2]),
-            "details": [f"[{c['state']}] {c['claim']}: {c['text']}" for c in checks]}

@@ -12,8 +12,9 @@ import json
 import re
 from pathlib import Path
 
-from moga.experiments.reproduce.catalog import ReproduceError, catalog
+from moga.experiments.reproduce.catalog import ReproduceError, catalog, kind_of
 from moga.files import copy_file, write_text
+from moga.verdicts import OUTCOMES
 
 START, END = "<!-- reproduce:start -->", "<!-- reproduce:end -->"
 
@@ -29,8 +30,6 @@ def load_outcomes(runs: Path) -> dict[str, dict[str, dict]]:
                     break
     return found
 
-
-OUTCOMES = ("held", "failed", "inconclusive", "undecided")
 
 
 def read_outcome(path: Path, name: str) -> dict:
@@ -56,7 +55,7 @@ def results_table(outcomes: dict[str, dict[str, dict]]) -> str:
         if name in cpu:
             o = cpu[name]
             outcome, key = f"**{o['outcome']}**", o.get("key") or ""
-            if "cells" not in o and rep.kind in ("transfer", "joint"):
+            if "cells" not in o and kind_of(rep).intervals:
                 outcome += " (one seed, no interval: stored before verdicts had intervals)"
             if o.get("data"):
                 key = f"{key} ({o['data']}, {_minutes(o)})" if key else f"({o['data']}, {_minutes(o)})"

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from moga.experiments.reproduce.catalog import ReproduceError, Reproduction, merge, tune_settings
+from moga.experiments.reproduce.cost import tune_estimate
+from moga.experiments.reproduce.kinds import ClaimKind, RunArgs
+from moga.experiments.reproduce.reproduction import ReproduceError, Reproduction, merge, tune_settings
 from moga.experiments.tune import TuneError, tune
 from moga.sweep.executor import run_sweep
 from moga.sweep.report.curves import build_curve, make_grid
@@ -30,13 +32,15 @@ from moga.sweep.results import records
 from moga.sweep.spec import Sweep
 from moga.sweep.store import SweepStore
 from moga.train.config import read_config_file
+from moga.verdicts import UNDECIDED, within_goal, worst_state
 
 LEVEL, RESAMPLES, MAX_GROWTH = 0.95, 1000, 3
 
 
-def run_claim(rep: Reproduction, out: Path, scale: str, workers: int, executor: str, ray_address: str | None,
-              progress: bool, min_seeds: int, max_seeds: int) -> dict:
-    s = tune_settings(rep, scale)
+def run_claim(rep: Reproduction, out: Path, args: RunArgs) -> dict:
+    s = tune_settings(rep, args.scale)
+    workers, executor, ray_address, progress = args.workers, args.executor, args.ray_address, args.progress
+    min_seeds, max_seeds = args.min_seeds, args.max_seeds
     log = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
     targets = {}
     for name, target in s["targets"].items():
@@ -121,22 +125,29 @@ def target_fields(targets: dict, goal: float) -> dict:
         rate = t["tune"]["rate"]
         saved = t["tune"]["flops"]["saved"]
         if rate is None or not t.get("cells"):
-            states.append("undecided")
+            states.append(UNDECIDED)
             details.append(f"[undecided] {name}: moga tune gave no rate ({'; '.join(t['tune']['why'])})")
             continue
         v = regret_of(t["cells"], rate)
         t["regret"] = v
         label = t["target"]["label"]
         if v["point"] is None:
-            state, text = "undecided", f"the target's own optimum stays on its grid's {v['edge']} edge"
+            state, text = UNDECIDED, f"the target's own optimum stays on its grid's {v['edge']} edge"
         else:
             lo, hi = v["interval"] or (0.0, math.inf)
-            state = "held" if hi <= goal else "failed" if lo > goal else "inconclusive"
+            state = within_goal(lo, hi, goal)
             text = (f"regret {100 * v['point']:.2f}% [{100 * lo:.2f}%, {100 * hi:.2f}%] at lr {rate:.4g} "
                     f"(the target's best {v['best_lr']:.4g}, {v['seeds']}+ seeds), tuning FLOPs saved {100 * saved:.0f}%")
         states.append(state)
         parts.append(f"{name} {label}: {text}")
         details.append(f"[{state}] {name} {label} from proxies "
                        f"{', '.join(p['label'] for p in t['proxies'])}: {text}")
-    outcome = next((s for s in ("failed", "undecided", "inconclusive") if s in states), "held") if states else "undecided"
-    return {"outcome": outcome, "key": "; ".join(parts), "details": details}
+    return {"outcome": worst_state(states), "key": "; ".join(parts), "details": details}
+
+
+def _rejudge(outcome: dict, expect: list[dict]) -> dict:
+    return {**outcome, **target_fields(outcome["targets"], outcome["goal"])}
+
+
+TUNE = ClaimKind("tune", run_claim, _rejudge, stores=lambda outcome: outcome.get("kind") == "tune",
+                 estimate=tune_estimate)

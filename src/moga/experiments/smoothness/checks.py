@@ -26,6 +26,7 @@ import numpy as np
 from scipy import stats
 
 from moga.experiments.smoothness.report import spearman
+from moga.verdicts import FAILED, HELD, INCONCLUSIVE, NOT_MEASURED
 
 GROWTH_THRESHOLD = 0.01  # ||W|| must grow by more than 1% over the long run's second half
 RHO_THRESHOLD = 0.8  # over 4 depths: at most one adjacent pair out of order
@@ -61,7 +62,7 @@ def paired_gain(adaptive: list[float], constants: dict[float, list[float]], leve
     best = min(means, key=lambda lr: (means[lr], lr))
     diffs = [c - a for c, a in zip(constants[best], adaptive, strict=True)]  # inf - inf is nan: no agreement
     point, low, high = t_interval(diffs, level)
-    verdict = "held" if low > 0 else "failed" if high < 0 else "inconclusive"
+    verdict = HELD if low > 0 else FAILED if high < 0 else INCONCLUSIVE
     return {"best_constant_lr": best, "difference": point, "low": low, "high": high, "seeds": len(diffs),
             "level": level, "verdict": verdict}
 
@@ -114,15 +115,15 @@ def depth_order(depths: list[int], losses: list[list[float]], level: float = 0.9
            "level": level, "low": None, "high": None,
            "agreeing": sum(r is not None and r >= threshold for r in per_seed)}
     if point is None:
-        return {**out, "verdict": "not measured"}
+        return {**out, "verdict": NOT_MEASURED}
     picks = list(_resamples(n))
     values = [rho_of(p) for p, _ in picks]
     weights = [w for _, w in picks]
     out["low"] = _weighted_quantile(values, weights, (1 - level) / 2)
     out["high"] = _weighted_quantile(values, weights, (1 + level) / 2)
     decided = n >= MIN_BOOTSTRAP_SEEDS
-    out["verdict"] = ("held" if decided and out["low"] >= threshold else "failed" if decided and out["high"] < threshold
-                      else "inconclusive")
+    out["verdict"] = (HELD if decided and out["low"] >= threshold else FAILED if decided and out["high"] < threshold
+                      else INCONCLUSIVE)
     return out
 
 
@@ -133,7 +134,7 @@ def depth_text(d: dict) -> str:
     text = (f"depth vs seed-mean loss Spearman {d['spearman']:.2f} ({100 * d['level']:.0f}% seed-bootstrap interval "
             f"[{d['low']:.2f}, {d['high']:.2f}]; per seed {seeds}: {d['agreeing']} of {d['seeds']} >= "
             f"{d['threshold']:g})")
-    if d["verdict"] == "inconclusive":
+    if d["verdict"] == INCONCLUSIVE:
         text += (f"; needs {MIN_BOOTSTRAP_SEEDS}+ seeds" if d["seeds"] < MIN_BOOTSTRAP_SEEDS else
                  f"; the interval straddles {d['threshold']:g}: more seeds would decide it")
     return text
@@ -146,14 +147,14 @@ def growth_check(growth: list[float | None], rose: list[bool | None], level: flo
     out = {"growth": growth, "rose_last_quarter": rose, "seeds": len(growth), "threshold": threshold,
            "level": level}
     if not growth or any(g is None or r is None for g, r in zip(growth, rose, strict=True)):
-        return {**out, "mean": None, "low": None, "high": None, "verdict": "not measured"}
+        return {**out, "mean": None, "low": None, "high": None, "verdict": NOT_MEASURED}
     mean, low, high = t_interval([float(g) for g in growth], level)
-    verdict = "held" if low > threshold and all(rose) else "failed" if high < threshold else "inconclusive"
+    verdict = HELD if low > threshold and all(rose) else FAILED if high < threshold else INCONCLUSIVE
     return {**out, "mean": mean, "low": low, "high": high, "verdict": verdict}
 
 
 def growth_text(g: dict) -> str:
-    if g["verdict"] == "not measured":
+    if g["verdict"] == NOT_MEASURED:
         return "too few ||W|| records"
     seeds = ", ".join(f"{100 * x:+.1f}%" for x in g["growth"])
     interval = ("no interval" if g["seeds"] < 2 else
@@ -161,7 +162,7 @@ def growth_text(g: dict) -> str:
     text = (f"{100 * g['mean']:+.1f}% over the second half ({interval} over {g['seeds']} seed"
             f"{'s' if g['seeds'] != 1 else ''}; per seed {seeds}; still rising over the last quarter on "
             f"{sum(bool(r) for r in g['rose_last_quarter'])} of {g['seeds']})")
-    if g["verdict"] == "inconclusive":
+    if g["verdict"] == INCONCLUSIVE:
         text += ("; needs 2+ seeds" if g["seeds"] < 2 else "; ||W|| fell over the last quarter on a seed"
                  if g["low"] > g["threshold"] else f"; the interval straddles {100 * g['threshold']:g}%: more seeds "
                  "would decide it")

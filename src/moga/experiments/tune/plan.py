@@ -12,7 +12,7 @@ target's steps at the target's batch (the papers' regime: transfer across width 
 not mean what it means at the target), then steps, and says so.
 
 A proxy's planned cost is its lr grid plus the seeds the decision will want at the least (3 decisive rates x
-``min_seeds - 1``), at the FLOPs of :func:`moga.experiments.reproduce.catalog.cell_cost`; time budgets use the
+``min_seeds - 1``), at the FLOPs of :func:`moga.experiments.reproduce.cost.cell_cost`; time budgets use the
 same estimate's seconds over the workers.
 """
 
@@ -22,7 +22,7 @@ import copy
 import math
 from dataclasses import asdict, dataclass
 
-from moga.experiments.reproduce.catalog import DECISIVE_RATES, cell_cost
+from moga.experiments.reproduce.cost import DECISIVE_RATES, cell_cost
 from moga.experiments.tune.knobs import Knobs, TuneError
 from moga.train.config import ConfigError, build_config
 

@@ -35,6 +35,7 @@ from moga.sweep.spec import Sweep, SweepError
 from moga.sweep.store import SweepStore
 from moga.train.config import ConfigError, RunConfig, apply_overrides, read_config_file
 from moga.files import write_json, write_text
+from moga.verdicts import DOES_NOT_TRANSFER, TRANSFERS
 
 GROUP = ("optimizer", "scaling")
 # Six rates a factor 2 apart around each optimizer's default rate; an optimum on an edge grows the grid.
@@ -155,7 +156,7 @@ def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width
     ``config``: the training setup (a ``moga train`` config file, dict or RunConfig); ``model``: None (the
     config's), a registered name, ``package.module:factory`` (taking width and depth) or a Hugging Face config
     (dict, PretrainedConfig or JSON file); ``width``/``depth``: the target (default: the config's model);
-    ``budget_flops`` / ``budget_seconds``: the tuning budget (estimated, :mod:`moga.experiments.reproduce.catalog`).
+    ``budget_flops`` / ``budget_seconds``: the tuning budget (estimated, :mod:`moga.experiments.reproduce.cost`).
     Bad input raises :class:`TuneError` with one line. Re-running with the same arguments resumes."""
     out = Path(out)
     base, knobs, target, notes = prepare(config, model, width, depth, optimizer, depth_scaling, overrides)
@@ -278,9 +279,9 @@ def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[f
     result["rate"] = pred.lr
     why, nxt = [], []
     verdict = panel.verdict
-    if verdict == "does not transfer":
+    if verdict == DOES_NOT_TRANSFER:
         why.append(f"the optimum moves among the proxies ({panel.verdict_line})")
-    elif verdict != "transfers":
+    elif verdict != TRANSFERS:
         why.append(f"the proxies' transfer is not decided ({panel.verdict_line})")
     bent = pred.bend_interval is not None and (pred.bend_interval[0] > 0 or pred.bend_interval[1] < 0)
     too_wide = pred.regret_interval is not None and pred.regret_interval[1] > max_regret
@@ -301,7 +302,7 @@ def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[f
     if pred.extrapolation > MAX_EXTRAPOLATION:
         why.append(f"the target lies {pred.extrapolation:.1f}x the proxies' span of log size beyond the largest "
                    f"(at most {MAX_EXTRAPOLATION:g}x is extrapolated)")
-    if pred.extrapolation > MAX_EXTRAPOLATION or verdict == "does not transfer" or bent or too_wide:
+    if pred.extrapolation > MAX_EXTRAPOLATION or verdict == DOES_NOT_TRANSFER or bent or too_wide:
         ladder = rungs((target.width, target.depth), knobs, p.depth_every)
         up = [r for r in ladder if r[0] > proxies[-1].width]
         if up:

@@ -44,6 +44,7 @@ import numpy as np
 from scipy import stats
 
 from moga.sweep.report.curves import Curve
+from moga.verdicts import DOES_NOT_TRANSFER, INCONCLUSIVE, TRANSFERS
 
 Z95 = 1.959963984540054
 MAX_SEEDS_QUOTED = 100  # "more than 100 seeds": the point estimate sits on the limit
@@ -267,7 +268,7 @@ def decide_transfer(curves: Sequence[Curve], step_log2: float | None, max_drift_
     noisy = all(b is not None for b in boots)
     bfits = [fit(np.log2(c.lrs), b) for c, b in zip(curves, boots)] if noisy else None
 
-    out = Decision("inconclusive", "", None, resamples=resamples if noisy else 0, level=level)
+    out = Decision(INCONCLUSIVE, "", None, resamples=resamples if noisy else 0, level=level)
     ok_all, against, needed_for, needed_against = True, [], [], []
     for k, (c, f) in enumerate(zip(curves, fits)):
         pooled = pooled_relative_sd(c.seed_matrix)
@@ -306,10 +307,10 @@ def decide_transfer(curves: Sequence[Curve], step_log2: float | None, max_drift_
         # the costliest reuse speaks first (a divergence above all), else the largest drift
         st, what = max(against, key=lambda a: (a[1] == "regret", a[0].regret if a[1] == "regret"
                                                else abs(a[0].drift_steps)))
-        out.verdict = "does not transfer"
+        out.verdict = DOES_NOT_TRANSFER
         out.reason = _against_phrase(st, what, max_drift_steps, max_regret, level, label)
     elif ok_all:
-        out.verdict = "transfers"
+        out.verdict = TRANSFERS
         out.reason = _within_phrase(out.scales[1:], max_drift_steps, max_regret, level, label)
     else:
         out.seeds_to_decide = (min(needed_against) if needed_against and not needed_for

@@ -35,6 +35,7 @@ from moga.sweep.report.metrics import GROUP_KEYS, transfer_regrets
 from moga.sweep.report.schema import SweepRecord, format_lr, parse_records
 from moga.sweep.report.summary import json_safe
 from moga.sweep.report.verdict import MAX_REGRET
+from moga.verdicts import DOES_NOT_TRANSFER, NO_VERDICT
 
 
 @dataclass
@@ -123,9 +124,9 @@ def analyze_joint(records: Iterable[SweepRecord | Mapping], scale_keys: Sequence
 def decide_joint(s: JointSummary, n: int, max_drift_steps: int, max_regret: float) -> tuple[str, str]:
     ref = s.label(s.pairs[0])
     if n < 2:
-        return "no verdict", f"no verdict: only one pair ({ref})"
+        return NO_VERDICT, f"no verdict: only one pair ({ref})"
     if s.reference_lr is None:
-        return "no verdict", f"no verdict: the reference {ref} diverged at every lr"
+        return NO_VERDICT, f"no verdict: the reference {ref} diverged at every lr"
     others = [p for p in s.pairs[1:]]
     diverges = [s.label(p) for p in others if s.regret.get(p) is not None and math.isinf(s.regret[p])]
     costly = [p for p in others if s.regret.get(p) is not None and s.regret[p] > max_regret]
@@ -134,9 +135,9 @@ def decide_joint(s: JointSummary, n: int, max_drift_steps: int, max_regret: floa
     if s.decision is not None:
         return s.decision.verdict, f"{s.decision.verdict}: {s.decision.reason}; {share} (point estimate)"
     if diverges:
-        return "does not transfer", (f"does not transfer: reusing {ref}'s best lr ({format_lr(s.reference_lr)}) "
+        return DOES_NOT_TRANSFER, (f"does not transfer: reusing {ref}'s best lr ({format_lr(s.reference_lr)}) "
                                      f"diverges at {', '.join(diverges)}; {share}")
-    return "no verdict", f"no verdict: the optimum is at the lr grid's edge at {', '.join(edges)}"
+    return NO_VERDICT, f"no verdict: the optimum is at the lr grid's edge at {', '.join(edges)}"
 
 
 def plot_regret_map(summary: JointSummary, path: str | Path, max_regret: float = MAX_REGRET) -> Path:

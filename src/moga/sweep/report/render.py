@@ -18,6 +18,7 @@ from rich.table import Table as RichTable
 
 from moga.sweep.report.document import Block, Figure, Heading, Items, Paragraph, Table
 from moga.sweep.report.summary import PanelSummary
+from moga.verdicts import DOES_NOT_TRANSFER, INCONCLUSIVE, NO_VERDICT, TRANSFERS
 
 CSS = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
@@ -73,7 +74,7 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
             f"<style>{CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
 
 
-VERDICT_STYLES = {"transfers": "green", "does not transfer": "red", "inconclusive": "yellow", "no verdict": "yellow"}
+VERDICT_STYLES = {TRANSFERS: "green", DOES_NOT_TRANSFER: "red", INCONCLUSIVE: "yellow", NO_VERDICT: "yellow"}
 
 
 def verdict_table(summaries: Mapping[str, Sequence[PanelSummary]]):

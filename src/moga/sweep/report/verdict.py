@@ -22,6 +22,7 @@ import numpy as np
 from moga.sweep.report.curves import Curve, Grid
 from moga.sweep.report.summary import PanelSummary
 from moga.sweep.report.schema import format_lr, scale_label
+from moga.verdicts import DOES_NOT_TRANSFER, NO_VERDICT
 
 
 MAX_REGRET = 0.02  # default: reusing the small model's rate may cost at most 2% of the best loss
@@ -58,7 +59,7 @@ def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float,
     limit = max_drift_steps if regular else max_drift_log2
 
     if len(s.curves) < 2:
-        return "no verdict", f"no verdict: only one scale ({label(s.curves[0].scale)})", notes
+        return NO_VERDICT, f"no verdict: only one scale ({label(s.curves[0].scale)})", notes
     if s.decision is not None:
         d = s.decision
         return d.verdict, f"{d.verdict}: {d.reason}", notes
@@ -71,12 +72,12 @@ def decide(s: PanelSummary, max_drift_steps: int, max_drift_log2: float,
         for c in s.curves:
             if not c.trusted:
                 change += f"; {label(c.scale)} " + ("diverged at every lr" if c.best_lr is None else "off the grid")
-        return "does not transfer", (f"does not transfer: the optimum moves {at_least}{amount} {span} ({change}; "
+        return DOES_NOT_TRANSFER, (f"does not transfer: the optimum moves {at_least}{amount} {span} ({change}; "
                                      f"read from the grid edges, no interval){_regret_phrase(s, label, ', ')}"), notes
     if reused_diverges and s.curves[0].trusted:
         cost = _regret_phrase(s, label, "").removeprefix("but ")
-        return "does not transfer", f"does not transfer: {cost}; " + "; ".join(problems), notes
-    return "no verdict", "no verdict: " + "; ".join(problems), notes
+        return DOES_NOT_TRANSFER, f"does not transfer: {cost}; " + "; ".join(problems), notes
+    return NO_VERDICT, "no verdict: " + "; ".join(problems), notes
 
 
 def edge_problem(c: Curve, label: str) -> str:

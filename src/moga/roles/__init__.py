@@ -41,17 +41,19 @@ or in call order when ``example_inputs`` are given; a tied tensor counts at its 
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from moga.forward_use import VECTOR, observe_uses, verdict
 from moga.geometry import Geometry, parse_geometry
-from moga.layout import EMBEDDING, LINEAR, as_layout
+from moga.layout import as_layout
+from moga.roles.plan import PlanEntry, RolePlan, block_glob
+from moga.roles.usage import (
+    ODD_KINDS, OwnedParam, call_order, in_repeated_block, owned_params, param_usage, param_usages
+)
 
 ROLES = ("embedding", "input", "hidden", "readout", "tied", "conv", "vector")
 ADAM_PREFIX = "adam:"
@@ -95,262 +97,6 @@ class PlanError(ValueError):
     """A parameter the role rules cannot place; the message says which override to give."""
 
 
-@dataclass
-class PlanEntry:
-    name: str
-    param: nn.Parameter = field(repr=False)
-    role: str
-    layout: str | None
-    geometry: str
-    update: str  # "lmo" (steepest descent) or "adam" (Adam's direction in place of sign(G))
-    owner: str  # class name(s) of the owning module(s)
-    aliases: tuple[str, ...] = ()
-    reason: str = ""  # why the rules chose this role and geometry, when it is not the obvious one
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.param.shape)
-
-    @property
-    def matrix_shape(self) -> tuple[int, int] | None:
-        if self.layout is None:
-            return None
-        lay = as_layout(self.layout)
-        return lay.fan_out(self.shape), lay.fan_in(self.shape)
-
-
-class RolePlan:
-    """The role and geometry of every distinct parameter tensor of a model, and the per-role learning-rate
-    multipliers the model's kind calls for (``lr_multipliers``, with the reason in ``lr_reason``; an
-    optimizer's own ``lr_multipliers=`` wins role by role)."""
-
-    def __init__(self, entries: list[PlanEntry], lr_multipliers: Mapping[str, float] | None = None,
-                 lr_reason: str = ""):
-        self.entries = entries
-        self.lr_multipliers = dict(lr_multipliers or {})
-        self.lr_reason = lr_reason
-        self.optimizer_multipliers: dict[str, float] | None = None  # {role: multiplier} an optimizer applied
-        self.preset: str | None = None  # the optimizer's preset, when it has one
-        self.momentum: str | None = None  # the optimizer's momentum, in words, when it has one
-
-    def with_multipliers(self, multipliers: Mapping[str, float], preset: str | None = None,
-                         momentum: str | None = None) -> RolePlan:
-        """A copy that prints each parameter's lr multiplier (an optimizer's, role by role), its preset and its
-        momentum (e.g. "EMA 0.9, Nesterov")."""
-        plan = copy.copy(self)
-        plan.optimizer_multipliers, plan.preset, plan.momentum = dict(multipliers), preset, momentum
-        return plan
-
-    def __iter__(self):
-        return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def __getitem__(self, name: str) -> PlanEntry:
-        for e in self.entries:
-            if name == e.name or name in e.aliases:
-                return e
-        raise KeyError(name)
-
-    def roles(self) -> dict[str, str]:
-        return {e.name: e.role for e in self.entries}
-
-    def param_groups(self, **defaults) -> list[dict]:
-        """One group per (role, geometry, update, layout), in model order; ``defaults`` go in every group."""
-        groups: dict[tuple, dict] = {}
-        for e in self.entries:
-            key = (e.role, e.geometry, e.update, e.layout)
-            if key not in groups:
-                groups[key] = {
-                    "params": [], "names": [], "role": e.role, "geometry": e.geometry,
-                    "update": e.update, "layout": e.layout, **defaults,
-                }
-            groups[key]["params"].append(e.param)
-            groups[key]["names"].append(e.name)
-        return list(groups.values())
-
-    def rows(self) -> list[dict]:
-        return [
-            {
-                "name": e.name, "shape": list(e.shape), "role": e.role, "layout": e.layout,
-                "matrix": list(e.matrix_shape) if e.matrix_shape else None,
-                "geometry": e.geometry, "update": e.update, "owner": e.owner, "aliases": list(e.aliases),
-                "reason": e.reason,
-            }
-            for e in self.entries
-        ]
-
-    def __str__(self) -> str:
-        lrs = self.optimizer_multipliers
-        header = ("parameter", "shape", "role", "m x n", "geometry", "update") + (("lr x",) if lrs is not None else ())
-        body = []
-        for e in self.entries:
-            name = e.name + (f" (= {', '.join(e.aliases)})" if e.aliases else "")
-            mn = "x".join(map(str, e.matrix_shape)) if e.matrix_shape else "-"
-            lr = () if lrs is None else (f"{lrs.get(e.role, 1.0):g}",)
-            body.append((name, "x".join(map(str, e.shape)) or "scalar", e.role, mn, e.geometry, e.update, *lr))
-        widths = [max(len(r[k]) for r in [header, *body]) for k in range(len(header))]
-        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-        counts = {}
-        for e in self.entries:
-            counts[e.role] = counts.get(e.role, 0) + e.param.numel()
-        total = sum(counts.values())
-        summary = ", ".join(f"{r} {n:,}" for r, n in counts.items())
-        notes = _plan_notes(self.entries)
-        if self.lr_multipliers:
-            scaled = ", ".join(f"{role} x{m:g}" for role, m in self.lr_multipliers.items())
-            notes.append(f"note: learning rate {scaled}: {self.lr_reason}")
-        if self.momentum is not None:
-            source = " (nesterov= sets it; left unset, the preset's)" if self.preset is not None else ""
-            notes.append(f"momentum: {self.momentum}{source}")
-        if lrs is not None:
-            preset = f"the preset {self.preset!r}, " if self.preset is not None else ""
-            notes.append(f"lr x: each parameter steps at lr times its role's multiplier ({preset}lr_multipliers= "
-                         "override it role by role)")
-        return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, body),
-                          f"{len(self.entries)} tensors, {total:,} parameters ({summary})", *notes])
-
-    __repr__ = __str__
-
-
-def _plan_notes(entries: list[PlanEntry]) -> list[str]:
-    """One line per reason: the tensors it covers (block indices as '*'), their layout, and the reason."""
-    by_reason: dict[str, dict[str, int]] = {}
-    layouts: dict[str, set] = {}
-    for e in entries:
-        if e.reason:
-            names = by_reason.setdefault(e.reason, {})
-            names[_glob(e.name)] = names.get(_glob(e.name), 0) + 1
-            layouts.setdefault(e.reason, set()).add(e.layout)
-    lines = []
-    for reason, names in by_reason.items():
-        if any(n in reason for n in names):
-            lines.append(f"note: {reason}")  # it names its tensor already (a tie)
-            continue
-        which = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in names.items())
-        lay = "/".join(sorted(filter(None, layouts[reason])))
-        lines.append(f"note: {which}: {reason}" + (f"; layout {lay}" if lay else ""))
-    return lines
-
-
-# --- what a module's own parameter is ------------------------------------------------------------------
-
-
-def _usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[str, str | None] | None:
-    """(kind, layout) of parameter ``pname`` directly owned by ``module``; None when unknown.
-
-    Kinds: vector, embedding, linear, conv, and the odd ones in ``ODD_KINDS`` (placed with a reason)."""
-    if p.ndim == 0:
-        return "scalar", None
-    if p.ndim <= 1:
-        return "vector", None
-    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and pname == "weight":
-        return "embedding", EMBEDDING
-    if isinstance(module, nn.Linear) and pname == "weight":
-        return "linear", LINEAR
-    if isinstance(module, nn.modules.conv._ConvTransposeNd) and pname == "weight":
-        return "conv", "io" + "i" * (p.ndim - 2)  # (in, out/groups, *kernel)
-    if isinstance(module, nn.modules.conv._ConvNd) and pname == "weight":
-        return "conv", "o" + "i" * (p.ndim - 1)  # (out, in/groups, *kernel)
-    if isinstance(module, nn.MultiheadAttention) and pname.endswith("proj_weight") and p.ndim == 2:
-        return "linear", LINEAR  # in_proj_weight stacks q, k, v as rows of one (3E, E) matrix
-    if type(module).__name__ == "Conv1D" and pname == "weight" and p.ndim == 2:
-        return "linear", EMBEDDING  # Hugging Face's Conv1D stores (in, out) and computes x @ W
-    if sum(s > 1 for s in p.shape) <= 1:
-        return "vector", None  # a vector with singleton axes, e.g. a class token (1, 1, d)
-    if type(module).__name__.endswith("Embeddings") and pname == "position_embeddings" and p.ndim == 3:
-        return "embedding", "bio"  # Hugging Face vision models: a (1, positions, d) table added to the patches
-    return _moe_or_ssm_usage(module, pname, p)
-
-
-# Kinds that no torch layer declares: role, and the reason the plan prints for them.
-ODD_KINDS: dict[str, tuple[str, str]] = {
-    "router": ("hidden", "a MoE router, (num_experts x hidden) read as F.linear(x, weight): a hidden matrix"),
-    "experts": ("hidden", "a fused expert stack (num_experts x out x in, or x in x out where the module says "
-                          "is_transposed): one hidden matrix per expert, the expert axis a batch axis"),
-    "expert_bias": ("vector", "per-expert biases (num_experts x d): vectors"),
-    "elementwise": ("vector", "a state-space parameter used elementwise (Mamba's A = -exp(A_log)): a vector"),
-    "scalar": ("vector", "a scalar (a temperature such as CLIP's logit_scale): a vector, Adam's step on one "
-                         "number"),
-}
-
-
-def _moe_or_ssm_usage(module: nn.Module, pname: str, p: torch.Tensor) -> tuple[str, str | None] | None:
-    """Mixture-of-experts and state-space parameters, recognized by what their module declares, so that an
-    unknown module with the same shapes is still an error rather than a guess."""
-    experts = getattr(module, "num_experts", None)
-    if isinstance(experts, int) and p.shape[0] == experts:
-        if p.ndim == 3 and isinstance(getattr(module, "is_transposed", None), bool):
-            # transformers' use_experts_implementation: (E, out, in), or (E, in, out) when transposed
-            return "experts", "bio" if module.is_transposed else "boi"
-        hidden = getattr(module, "hidden_dim", None)
-        if p.ndim == 2 and pname == "weight" and p.shape[1] == hidden and hidden != experts:
-            return "router", LINEAR
-        if p.ndim == 2 and pname.endswith("bias"):  # a bias has no orientation to get wrong
-            return "expert_bias", None
-    if pname == "A_log" and p.ndim == 2:
-        return "elementwise", None
-    return None
-
-
-@dataclass(eq=False)
-class _Param:
-    param: nn.Parameter
-    names: list[str] = field(default_factory=list)
-    owners: list[tuple[str, nn.Module, str]] = field(default_factory=list)  # (module name, module, pname)
-
-
-def _collect(model: nn.Module) -> list[_Param]:
-    by_id: dict[int, _Param] = {}
-    for mname, module in model.named_modules(remove_duplicate=False):
-        for pname, p in module.named_parameters(recurse=False):
-            if p is None:
-                continue
-            entry = by_id.setdefault(id(p), _Param(p))
-            full = f"{mname}.{pname}" if mname else pname
-            if full not in entry.names:
-                entry.names.append(full)
-            entry.owners.append((mname, module, pname))
-    return list(by_id.values())
-
-
-def _in_repeated_block(model: nn.Module, module_name: str) -> bool:
-    """True inside a ModuleList, or inside one of several sibling blocks of the same class."""
-    parts = module_name.split(".") if module_name else []
-    modules = dict(model.named_modules(remove_duplicate=False))
-    for depth in range(len(parts) - 1):  # ancestors strictly above the owning module
-        parent = modules[".".join(parts[:depth])] if depth else model
-        child = modules[".".join(parts[: depth + 1])]
-        if isinstance(child, nn.ModuleList):
-            return True
-        if isinstance(child, (nn.Sequential, nn.ModuleDict)):
-            continue  # a plain container (nanoGPT's `transformer` dict) says nothing; its children are looked at next
-        if sum(type(c) is type(child) for c in parent.children()) > 1:
-            return True
-    return False
-
-
-def _call_order(model: nn.Module, example_inputs) -> dict[int, int]:
-    order: dict[int, int] = {}
-
-    def record(module, args):  # returns None, so the inputs pass unchanged
-        order.setdefault(id(module), len(order))
-
-    hooks = [
-        m.register_forward_pre_hook(record)
-        for m in model.modules() if any(True for _ in m.parameters(recurse=False))
-    ]
-    try:
-        with torch.no_grad():
-            inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-            model(*inputs)
-    finally:
-        for h in hooks:
-            h.remove()
-    return order
-
-
 # --- building the plan ---------------------------------------------------------------------------------
 
 
@@ -375,15 +121,15 @@ def build_plan(
         parse_geometry(spec.removeprefix(ADAM_PREFIX))
     rules = _parse_overrides(overrides or {})
     used_rules: set[str] = set()
-    params = _collect(model)
-    order = _call_order(model, example_inputs) if example_inputs is not None else None
+    params = owned_params(model)
+    order = call_order(model, example_inputs) if example_inputs is not None else None
 
     kinds: dict[int, tuple[str, str | None]] = {}
     matched: dict[int, dict] = {}
     pending: list[PlanError] = []
-    unplaced: list[_Param] = []
+    unplaced: list[OwnedParam] = []
     for item in params:
-        usages = _usages(item)
+        usages = param_usages(item)
         owners = [mname for mname, _, _ in item.owners if mname]
         override = matched[id(item.param)] = _match(rules, [*item.names, *owners], used_rules) or {}
         if override.get("role"):
@@ -411,7 +157,7 @@ def build_plan(
     if order is None:
         order = {id(m): k for k, m in enumerate(model.modules())}
 
-    def positions(item: _Param) -> list[int]:
+    def positions(item: OwnedParam) -> list[int]:
         return [order.get(id(m), 10**9) for _, m, _ in item.owners] or [10**9]
 
     matrices = [it for it in params if kinds.get(id(it.param), ("vector", None))[1] is not None]
@@ -419,7 +165,7 @@ def build_plan(
     if matrices:
         first = min(matrices, key=lambda it: min(positions(it)))
         last = max(matrices, key=lambda it: max(positions(it)))
-        outside = lambda it: not any(_in_repeated_block(model, n) for n, _, _ in it.owners)  # noqa: E731
+        outside = lambda it: not any(in_repeated_block(model, n) for n, _, _ in it.owners)  # noqa: E731
         if kinds[id(last.param)][0] == "linear" and outside(last):
             edge[id(last.param)] = "readout"
         if kinds[id(first.param)][0] == "linear" and outside(first) and first is not last:
@@ -480,10 +226,10 @@ def _is_tie(usages: set[tuple[str, str | None]]) -> bool:
     return sorted(set(kinds)) == ["embedding", "linear"] and kinds.count("linear") == 1
 
 
-def _tie_reason(item: _Param, entry: PlanEntry, override: dict) -> str:
+def _tie_reason(item: OwnedParam, entry: PlanEntry, override: dict) -> str:
     def uses(kind):
         return ", ".join(f"{n} ({type(m).__name__})" for n, m, p in item.owners
-                         if (_usage(m, p, item.param) or ("",))[0] == kind)
+                         if (param_usage(m, p, item.param) or ("",))[0] == kind)
 
     m, n = entry.matrix_shape
     source = "the override's" if override.get("geometry") else "the 'tied' role's"
@@ -492,16 +238,11 @@ def _tie_reason(item: _Param, entry: PlanEntry, override: dict) -> str:
             f"where it bounds the change of the logits; override with {{{entry.name!r}: 'embedding'}} or 'readout'")
 
 
-def _usages(item: _Param) -> set[tuple[str, str | None]]:
-    """The (kind, layout) pairs the tensor's owning modules give it."""
-    return {u for (_, mod, pname) in item.owners if (u := _usage(mod, pname, item.param)) is not None}
-
-
-def _layout_for_role(item: _Param, role: str) -> str | None:
+def _layout_for_role(item: OwnedParam, role: str) -> str | None:
     """The layout an overridden role implies, from how the tensor's owners use it."""
     if role == "vector":
         return None
-    usages = _usages(item)
+    usages = param_usages(item)
     by_kind = dict(usages)
     if role == "embedding" and "embedding" in by_kind:
         return by_kind["embedding"]
@@ -518,7 +259,7 @@ def _layout_for_role(item: _Param, role: str) -> str | None:
         f"how the forward uses it)")
 
 
-def _entry(item: _Param, role: str, layout: str | None, spec: str) -> PlanEntry:
+def _entry(item: OwnedParam, role: str, layout: str | None, spec: str) -> PlanEntry:
     update = "lmo"
     if spec.startswith(ADAM_PREFIX):
         update, spec = "adam", spec[len(ADAM_PREFIX):]
@@ -544,22 +285,17 @@ def _entry(item: _Param, role: str, layout: str | None, spec: str) -> PlanEntry:
     return PlanEntry(name, item.param, role, layout, str(geometry), update, owner, tuple(item.names[1:]))
 
 
-def _owner_names(item: _Param) -> str:
+def _owner_names(item: OwnedParam) -> str:
     return "/".join(sorted({type(m).__name__ for _, m, _ in item.owners}))
 
 
-def _glob(name: str) -> str:
-    """The name with its block indices as wildcards: one pattern for the same tensor in every block."""
-    return ".".join("*" if part.isdigit() else part for part in name.split("."))
-
-
-def _unplaced_error(items: list[_Param], model: nn.Module, example_inputs) -> PlanError:
+def _unplaced_error(items: list[OwnedParam], model: nn.Module, example_inputs) -> PlanError:
     """One error for every tensor the rules cannot place, grouped by the override that would place them. Each
     suggestion is how the forward uses the tensor (:mod:`moga.forward_use`), run on ``example_inputs`` or a
     Hugging Face model's own ``dummy_inputs``; where moga cannot tell, the line says so and suggests nothing."""
-    groups: dict[str, list[_Param]] = {}
+    groups: dict[str, list[OwnedParam]] = {}
     for item in items:
-        groups.setdefault(_glob(item.names[0]), []).append(item)
+        groups.setdefault(block_glob(item.names[0]), []).append(item)
     inputs, source = example_inputs, "the example inputs"
     if inputs is None:
         inputs, source = _dummy_inputs(model), "the model's dummy_inputs"
