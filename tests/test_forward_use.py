@@ -4,7 +4,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from moga.forward_use import observe_uses, verdict
+from moga.forward_use import agreed_use, observe_uses
 
 
 class Uses(nn.Module):
@@ -38,8 +38,8 @@ def test_each_use_is_read_from_the_op_that_consumes_the_tensor():
     assert got["stack"] == {"bio"}  # indexed and batched alike
     assert got["heads"] == {"boi"} and got["bias"] == {"vector"} and got["gate"] == {"vector"}
     assert got["reshaped"] == {"unknown: reshape"} and got["unused"] == set()
-    assert verdict(got["stack"]) == "bio" and verdict(got["reshaped"]) is None and verdict(set()) is None
-    assert verdict({"oi", "io"}) is None  # two orientations: no single answer
+    assert agreed_use(got["stack"]) == "bio" and agreed_use(got["reshaped"]) is None and agreed_use(set()) is None
+    assert agreed_use({"oi", "io"}) is None  # two orientations: no single answer
 
 
 def test_a_forward_that_fails_is_reported_not_guessed_and_state_is_kept():

@@ -24,7 +24,7 @@ COMMANDS = {
     "demo": ("moga.experiments.demo", "demo_command", "The depth paper's figure 1 at CPU scale."),
     "reproduce": ("moga.experiments.reproduce.cli", "reproduce_command", "Every claim of the three papers as one "
                   "command."),
-    "coordcheck": ("moga.experiments.coordcheck", "coordcheck_command", "muP's coordinate check."),
+    "coordcheck": ("moga.experiments.coordcheck_cli", "coordcheck_command", "muP's coordinate check."),
     "tune": ("moga.experiments.tune.cli", "tune_command", "Tune the learning rate on small proxies and carry it to "
              "a larger target, with the regret it will cost."),
     "bench": ("moga.bench.cli", "bench_app", "Timed comparisons against torch, side by side in one run."),

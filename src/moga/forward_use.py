@@ -64,7 +64,7 @@ def observe_uses(model: nn.Module, params: list[torch.Tensor], example_inputs) -
     return {id(p): mode.uses.get(id(p), set()) for p in params}
 
 
-def verdict(uses: set[str]) -> str | None:
+def agreed_use(uses: set[str]) -> str | None:
     """The one use every observed use agrees on (a layout or ``"vector"``), or None."""
     return next(iter(uses)) if len(uses) == 1 and not next(iter(uses)).startswith("unknown") else None
 
@@ -116,7 +116,7 @@ class _Follow(TorchFunctionMode):
         if name == "__getitem__":
             return _indexed(view, args[1], out)
         if name == "linear":
-            return _layout(view, {"o": [0], "i": [1]}) if where in (1, "weight") else VECTOR
+            return _letters_of(view, {"o": [0], "i": [1]}) if where in (1, "weight") else VECTOR
         if name in _MATMULS:
             left, right, added = _MATMULS[name]
             where = _ADDMM_KWARGS.get(where, where)
@@ -126,12 +126,12 @@ class _Follow(TorchFunctionMode):
             if ndim < 2:
                 return f"unknown: {name}"
             rest = list(range(ndim - 2))
-            return _layout(view, {"b": rest, "i": [ndim - 1], "o": [ndim - 2]} if where == left
+            return _letters_of(view, {"b": rest, "i": [ndim - 1], "o": [ndim - 2]} if where == left
                            else {"b": rest, "i": [ndim - 2], "o": [ndim - 1]})
         if name == "einsum":
             return _einsum(view, where, args)
         if name in ("conv1d", "conv2d", "conv3d") and where in (1, "weight"):
-            return _layout(view, {"o": [0], "i": list(range(1, len(view.axes)))})
+            return _letters_of(view, {"o": [0], "i": list(range(1, len(view.axes)))})
         if _pointwise(name) and isinstance(out, torch.Tensor):
             if tuple(out.shape) == tuple(tensor.shape):
                 return _View(view.param, view.axes, view.picked)  # a cast or a scale: still the tensor itself
@@ -179,7 +179,7 @@ def _indexed(view: _View, index, out) -> _View | str:
     return _View(view.param, tuple(axes), frozenset(picked - {None}))
 
 
-def _layout(view: _View, letters: dict[str, list[int]]) -> str:
+def _letters_of(view: _View, letters: dict[str, list[int]]) -> str:
     """The parameter's layout, from the role each axis of its view plays in a matrix product."""
     layout: dict[int, str] = {a: "b" for a in view.picked}
     for letter, dims in letters.items():
@@ -212,7 +212,7 @@ def _einsum(view: _View, where, args) -> str:
         if kind is None:
             return "unknown: einsum summing an axis of its own"
         letters[kind].append(d)
-    return _layout(view, letters)
+    return _letters_of(view, letters)
 
 
 def _pointwise(name: str) -> bool:

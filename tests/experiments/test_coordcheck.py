@@ -128,7 +128,7 @@ def found_control(tmp_path):
 
 
 def test_drift_explanations_say_what_the_number_means_and_what_to_try():
-    from moga.experiments.coordcheck import explain
+    from moga.experiments.coordcheck_cli import explain
 
     records, found = coordcheck("residual_mlp", ["moga:vectors=sign", "adamw"], widths=(64, 256), steps=1)
     moga = [v for v in found if v.optimizer == "moga:vectors=sign"]

@@ -44,10 +44,9 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 
-import torch
 from torch import nn
 
-from moga.forward_use import VECTOR, observe_uses, verdict
+from moga.forward_use import VECTOR, agreed_use, observe_uses
 from moga.geometry import Geometry, parse_geometry
 from moga.layout import as_layout
 from moga.roles.plan import PlanEntry, RolePlan, block_glob
@@ -274,7 +273,7 @@ def _entry(item: OwnedParam, role: str, layout: str | None, spec: str) -> PlanEn
         try:
             as_layout(layout).check(item.param.shape)
         except ValueError as e:
-            known = sorted({lay for _, lay in _usages(item) if lay})
+            known = sorted({lay for _, lay in param_usages(item) if lay})
             hint = f", e.g. '{known[0]}' (how its module reads it)" if len(known) == 1 else f" ({item.param.ndim} here)"
             raise PlanError(f"parameter {name!r} ({role}, on {_owner_names(item)}): {e}; a layout has one letter "
                             f"per axis{hint}") from None
@@ -308,7 +307,7 @@ def _unplaced_error(items: list[OwnedParam], model: nn.Module, example_inputs) -
         count = f"{len(members)} tensors" if len(members) > 1 else "1 tensor"
         where = f"{count}, {' '.join(map(str, shapes))}, on {_owner_names(first)}"
         uses = set().union(*(seen.get(id(m.param), set()) for m in members)) if not isinstance(seen, str) else set()
-        use = verdict(uses)
+        use = agreed_use(uses)
         if use == VECTOR:
             rows.append((f"{pattern!r}: 'vector',", f"{where}: used elementwise"))
         elif use is not None:
