@@ -70,16 +70,24 @@ def snapshot(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "sweep.db" not in p.name)
 
 
-@pytest.mark.parametrize("kind", ["foreign", "traversal", "damaged"])
+@pytest.mark.parametrize("kind", ["foreign", "traversal", "damaged", "directory"])
 def test_a_hostile_row_runs_nothing_and_is_one_line_everywhere(sweep_dir, tmp_path, kind):
+    """Also a directory where sweep.db belongs: named as such, not "holds no sweep" or SQLite's traceback."""
     marker = tmp_path / "ran"
-    plant(sweep_dir, *hostile(kind, marker))
+    if kind == "directory":
+        for db in sweep_dir.glob("sweep.db*"):
+            db.unlink()
+        (sweep_dir / "sweep.db").mkdir()
+    else:
+        plant(sweep_dir, *hostile(kind, marker))
     before = snapshot(tmp_path)
     for args in (["sweep", tmp_path / "sweep.yaml", "--out", sweep_dir, "-q"], ["sweep", "status", sweep_dir],
                  ["report", sweep_dir, "--out", tmp_path / "report"]):
         out = _cli(*args)
-        assert out.exit_code == 2 and "store damaged" in out.output and "--rebuild" in out.output, (args, out.output)
-        assert "Traceback" not in out.output
+        last = out.output.strip().splitlines()[-1]
+        assert out.exit_code == 2 and last.startswith("error: store damaged") and "--rebuild" in last, (args, out.output)
+        assert "Traceback" not in out.output and out.output.count("error") == 1
+        assert kind != "directory" or f"{sweep_dir / 'sweep.db'}: it is a directory, not" in last, last
         assert snapshot(tmp_path) == before and not marker.exists(), args  # nothing run, nothing written
     out = _cli("sweep", tmp_path / "sweep.yaml", "--out", sweep_dir, "-q", "--rebuild")  # what the line promises
     assert out.exit_code == 0, out.output

@@ -256,16 +256,22 @@ class SweepStore:
 
     @contextmanager
     def _connect(self, create: bool = False):
+        refuse_symlinks(self.path, *(self.path.with_name(DB_NAME + s) for s in ("-wal", "-shm", "-journal")))
+        if self.path.exists() and not self.path.is_file():  # SQLite would say only "unable to open"
+            raise self.damaged(f"it is {'a directory' if self.path.is_dir() else 'not a regular file'}, not the "
+                               "store's database file")
         if not create and not self.path.is_file():  # never leave an empty sweep.db behind a read
             raise SweepError(f"{self.dir} holds no sweep (no {DB_NAME}); start one there with "
                              f"moga sweep CONFIG --out {self.dir}")
-        refuse_symlinks(self.path, *(self.path.with_name(DB_NAME + s) for s in ("-wal", "-shm", "-journal")))
         writable = create or not (read_only(self.dir) or read_only(self.path))
-        if writable:
-            con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-        else:  # read-only: WAL mode would need to create sweep.db-shm; immutable reads the file as it is
-            con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
-                                  isolation_level=None)
+        try:
+            if writable:
+                con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            else:  # read-only: WAL mode would need to create sweep.db-shm; immutable reads the file as it is
+                con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                                      isolation_level=None)
+        except sqlite3.Error as e:
+            raise SweepError(f"the sweep store {self.path} could not be opened ({e})") from None
         try:
             con.execute("PRAGMA busy_timeout = 60000")
             yield con
@@ -276,7 +282,7 @@ class SweepStore:
                 raise SweepError(f"the sweep store {self.path} is read-only ({e}): it can be read (moga sweep "
                                  "status, moga report --out DIR) but not run; copy it somewhere writable to run "
                                  "it") from None
-            raise
+            raise SweepError(f"the sweep store {self.path} failed ({e})") from None
         finally:
             con.close()
 
