@@ -130,23 +130,36 @@ def test_recorded_seeds_that_change_more_than_the_seed_are_refused(sweep_dir):
             assert stored_include(sweep_dir, make) == ok
 
 
-def test_reproduce_and_demo_refuse_a_hostile_store(tmp_path):
+@pytest.mark.parametrize("kind", ["foreign", "mismatch", "sweep.db", "cells", "report"])
+def test_reproduce_and_demo_refuse_a_hostile_store(tmp_path, kind):
+    """A foreign row, a row whose id is not its params' hash, or a symlink planted at the store, the cells or the
+    report: one line, exit 1, nothing run and nothing written outside."""
     from moga.experiments.demo import demo_sweep
     from moga.experiments.reproduce.catalog import get
     from moga.experiments.reproduce.run import _sweep
 
-    marker = tmp_path / "ran"
+    marker, outside = tmp_path / "ran", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious\n")
     for args, sweep in ((["reproduce", "depth-mlp", "--quick", "-w", "1", "-q", "--seeds", "1"],
                          _sweep(get("depth-mlp"), "quick", None, [])),  # what the command makes: no extension
                         (["demo", "--quick", "-w", "1", "--seeds", "1"],
                          Sweep.from_dict({**demo_sweep(quick=True), "include": []}))):
         out_dir = tmp_path / args[0]
-        SweepStore(out_dir).create_or_check(sweep)
-        params = {**sweep.cells[0], "model.name": "os:system", "model.command": f"touch {marker}"}
-        plant(out_dir, cell_id(params), params)
+        if kind in ("foreign", "mismatch"):
+            SweepStore(out_dir).create_or_check(sweep)
+            params = {**sweep.cells[0], "model.name": "os:system", "model.command": f"touch {marker}"}
+            plant(out_dir, cell_id(params) if kind == "foreign" else "0123456789ab", params)
+        else:
+            out_dir.mkdir()
+            (out_dir / kind).symlink_to(outside / "keep" if kind == "sweep.db" else outside)
         out = _cli(*args, "-o", out_dir)
-        assert out.exit_code == 1 and "store damaged" in out.output and "Traceback" not in out.output, out.output
-        assert not marker.exists() and not (out_dir / "cells").exists() and not (out_dir / "outcome.json").exists()
+        last = out.output.strip().splitlines()[-1]
+        assert out.exit_code == 1 and "error: " in last and "Traceback" not in out.output, out.output
+        assert ("store damaged" if kind in ("foreign", "mismatch") else f"{out_dir / kind} is a symlink") in last
+        assert not marker.exists() and not (out_dir / "outcome.json").exists()
+        assert not (out_dir / "cells").exists() or (out_dir / "cells").is_symlink()
+        assert sorted(p.name for p in outside.iterdir()) == ["keep"] and (outside / "keep").read_text() == "precious\n"
 
 
 SWEEP_FILES = ("sweep.db", "sweep.db-wal", "sweep.db-shm", "cells", "report")

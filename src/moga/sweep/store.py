@@ -374,6 +374,7 @@ class SweepStore:
 
     def _create_or_extend(self, sweep: Sweep) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
+        refuse_symlinks(self.dir / "cells")  # said once, here, not as every cell's failure (cell_dir)
         definition = json.dumps(sweep.to_dict(), sort_keys=True)
         grid = [cell_id(c) for c in sweep.cells]
         with self._connect(create=True) as con:
