@@ -19,7 +19,8 @@ import yaml
 from moga.sweep.executor import run_sweep
 from moga.sweep.results import records
 from moga.sweep.spec import Sweep
-from moga.sweep.store import SweepStore, _owner_is_dead
+from moga.sweep.owners import owner_is_dead
+from moga.sweep.store import SweepStore
 
 BASE = {
     "seed": 0,
@@ -186,7 +187,7 @@ def _live_progress(store: SweepStore) -> dict[str, int]:
         return {}
     progress = {}
     for cell in cells:
-        if cell["status"] != "running" or _owner_is_dead(cell["owner"]):
+        if cell["status"] != "running" or owner_is_dead(cell["owner"]):
             continue  # a stale claim of an earlier round: nobody is training it
         path = store.cell_dir(cell["id"]) / "metrics.jsonl"
         lines = path.read_text().splitlines() if path.is_file() else []

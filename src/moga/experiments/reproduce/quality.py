@@ -31,7 +31,8 @@ from pathlib import Path
 from moga.files import write_json, write_text
 from moga.sweep.results import records
 from moga.sweep.spec import optimizer_labels
-from moga.sweep.store import SweepStore, changed_keys
+from moga.sweep.compat import changed_keys
+from moga.sweep.store import SweepStore
 
 GOAL = 0.02
 LEVEL = 0.95
