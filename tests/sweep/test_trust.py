@@ -5,7 +5,6 @@ on a read-only directory is read without a write."""
 
 import json
 import os
-import shutil
 import sqlite3
 
 import pytest
@@ -17,32 +16,14 @@ from moga.sweep.spec import Sweep, cell_id
 from moga.sweep.store import SweepStore
 from moga.sweep.worker import run_worker
 
-BASE = {
-    "seed": 0,
-    "model": {"name": "residual_mlp", "width": 8},
-    "data": {"name": "digits"},
-    "optim": {"name": "muon", "lr": 0.05},
-    "train": {"steps": 2, "batch_size": 32},
-    "eval": {"every": 0, "train_eval": False, "max_batches": 1},
-    "logging": {"progress": False},
-}
-SPEC = {"base": BASE, "axes": {"optim.lr": [0.05, 0.1], "model.depth": [1, 2]}, "scale_key": "model.depth"}
-
-
-@pytest.fixture(scope="module")
-def settled(tmp_path_factory):
-    store = SweepStore(tmp_path_factory.mktemp("settled") / "sweep")
-    store.create_or_check(Sweep.from_dict(SPEC))
-    assert run_worker(store.dir) == 4
-    return store.dir
+from .conftest import SPEC
 
 
 @pytest.fixture
-def sweep_dir(settled, tmp_path):
-    shutil.copytree(settled, tmp_path / "sweep")
-    config = tmp_path / "sweep.yaml"
-    config.write_text(yaml.safe_dump(SPEC))
-    return tmp_path / "sweep"
+def sweep_dir(settled_copy, tmp_path):
+    """A settled sweep's directory, its config beside it as sweep.yaml."""
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(SPEC))
+    return settled_copy.dir
 
 
 def _cli(*args):
