@@ -141,7 +141,7 @@ def test_a_killed_runs_claim_outside_a_narrower_grid_waits_for_the_grid_to_take_
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     owner = f"{socket.gethostname()}:{dead.stdout.strip()}:killed"
     claim = store.claim(owner, timeout=3600)
-    assert claim["params"]["model.depth"] == 3 and _owner_is_dead(owner)
+    assert claim["params"]["model.depth"] == 3 and owner_is_dead(owner)
     counts = run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
     assert counts["finished"] == 1 and claim["id"] not in {c["id"] for c in store.cells()}
     # a store an earlier moga left with the narrow grid recorded and the claim still in it: dropped the same way

@@ -246,7 +246,7 @@ class SweepStore:
         resume when the grid takes them back."""
         gone = [cid for (cid, status, owner) in
                 con.execute("SELECT id, status, owner FROM cells WHERE status IN ('pending', 'failed', 'running')")
-                if cid not in keep and (_owner_is_dead(owner) if status == Status.RUNNING else waiting)]
+                if cid not in keep and (owner_is_dead(owner) if status == Status.RUNNING else waiting)]
         con.executemany("DELETE FROM cells WHERE id = ?", [(cid,) for cid in gone])
         return len(gone)
 
