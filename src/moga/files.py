@@ -50,7 +50,10 @@ def replacing(path: str | Path, mode: str = "w", *, encoding: str | None = "utf-
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:  # name the file that is a directory, not the temporary one
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

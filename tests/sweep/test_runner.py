@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,9 @@ import yaml
 
 from moga.sweep.executor import run_sweep
 from moga.sweep.results import records
+from moga.sweep.owners import owner_is_dead
 from moga.sweep.spec import Sweep
-from moga.sweep.store import SweepStore, _owner_is_dead
+from moga.sweep.store import SweepStore
 
 BASE = {
     "seed": 0,
@@ -76,9 +78,9 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def moga_sweep(config: Path, out: Path, *extra: str) -> subprocess.Popen:
+def moga_sweep(config: Path, out: Path, *extra: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "moga", "sweep", str(config), "--out", str(out), "--quiet", *extra]
-    return subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    return subprocess.Popen(cmd, start_new_session=True, stdout=stdout, stderr=subprocess.PIPE,
                             preexec_fn=_default_sigint)
 
 
@@ -139,7 +141,7 @@ def test_a_killed_runs_claim_outside_a_narrower_grid_waits_for_the_grid_to_take_
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     owner = f"{socket.gethostname()}:{dead.stdout.strip()}:killed"
     claim = store.claim(owner, timeout=3600)
-    assert claim["params"]["model.depth"] == 3 and _owner_is_dead(owner)
+    assert claim["params"]["model.depth"] == 3 and owner_is_dead(owner)
     counts = run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
     assert counts["finished"] == 1 and claim["id"] not in {c["id"] for c in store.cells()}
     # a store an earlier moga left with the narrow grid recorded and the claim still in it: dropped the same way
@@ -186,7 +188,7 @@ def _live_progress(store: SweepStore) -> dict[str, int]:
         return {}
     progress = {}
     for cell in cells:
-        if cell["status"] != "running" or _owner_is_dead(cell["owner"]):
+        if cell["status"] != "running" or owner_is_dead(cell["owner"]):
             continue  # a stale claim of an earlier round: nobody is training it
         path = store.cell_dir(cell["id"]) / "metrics.jsonl"
         lines = path.read_text().splitlines() if path.is_file() else []
@@ -249,26 +251,34 @@ def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp
     assert {cell for cell, _ in stale} <= retaken  # every interrupted cell was taken over, and resumed
 
 
-def test_ctrl_c_on_the_process_group_checkpoints_and_releases_the_cell_once(tmp_path):
-    import torch
-
+@contextmanager
+def endless_sweep(tmp_path: Path, stdout=subprocess.DEVNULL):
+    """`moga sweep` (its own process group) of one cell that trains until stopped, yielded once the cell has
+    trained a step: (the process, its store). A process left running when the block ends is killed."""
     endless = {**BASE, "train": {"steps": 10**6, "batch_size": 32}, "checkpoint": {"every": 0},
                "logging": {"progress": False, "log_every": 1}}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": endless, "axes": {"optim.lr": [0.05], "model.depth": [1]},
                                     "scale_key": "model.depth"}))
     store = SweepStore(tmp_path / "out")
-    proc = moga_sweep(path, store.dir, "--workers", "1")
+    proc = moga_sweep(path, store.dir, "--workers", "1", stdout=stdout)
     try:
         while max(_live_progress(store).values(), default=0) < 1:  # the cell is training
             assert proc.poll() is None, proc.stderr.read().decode()
             time.sleep(0.05)
-        seen = max(_live_progress(store).values())
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the sweep and its workers
-        assert proc.wait(timeout=120) == 130
+        yield proc, store
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_ctrl_c_on_the_process_group_checkpoints_and_releases_the_cell_once(tmp_path):
+    import torch
+
+    with endless_sweep(tmp_path) as (proc, store):
+        seen = max(_live_progress(store).values())
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the sweep and its workers
+        assert proc.wait(timeout=120) == 130
     errors = proc.stderr.read().decode()
     assert "Traceback" not in errors and "KeyboardInterrupt" not in errors, errors
     (cell,) = store.cells()
@@ -280,23 +290,9 @@ def test_ctrl_c_on_the_process_group_checkpoints_and_releases_the_cell_once(tmp_
 def test_sigterm_to_the_sweep_ends_it_with_a_message_and_releases_the_cell(tmp_path):
     """SIGTERM (a scheduler's stop, `kill PID`) to `moga sweep` alone is Ctrl-C's path: the workers checkpoint,
     hand their cells back, and the sweep says how to resume, instead of vanishing without a word."""
-    endless = {**BASE, "train": {"steps": 10**6, "batch_size": 32}, "checkpoint": {"every": 0},
-               "logging": {"progress": False, "log_every": 1}}
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"base": endless, "axes": {"optim.lr": [0.05], "model.depth": [1]},
-                                    "scale_key": "model.depth"}))
-    store = SweepStore(tmp_path / "out")
-    cmd = [sys.executable, "-m", "moga", "sweep", str(path), "--out", str(store.dir), "--quiet", "--workers", "1"]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        while max(_live_progress(store).values(), default=0) < 1:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            time.sleep(0.05)
+    with endless_sweep(tmp_path, stdout=subprocess.PIPE) as (proc, store):
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) == 130
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     out, errors = proc.stdout.read().decode(), proc.stderr.read().decode()
     assert "Traceback" not in errors and "interrupted: running cells were checkpointed" in out, (out, errors)
     (cell,) = store.cells()

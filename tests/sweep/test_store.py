@@ -1,7 +1,6 @@
 """The store's errors a user can act on: a damaged sweep.db, a directory with no sweep; a report from it."""
 
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -11,33 +10,7 @@ from moga.sweep.spec import Sweep
 from moga.sweep.store import SweepStore
 from moga.sweep.worker import run_worker
 
-BASE = {
-    "seed": 0,
-    "model": {"name": "residual_mlp", "width": 8},
-    "data": {"name": "digits"},
-    "optim": {"name": "muon", "lr": 0.05},
-    "train": {"steps": 2, "batch_size": 32},
-    "eval": {"every": 0, "train_eval": False, "max_batches": 1},
-    "logging": {"progress": False},
-}
-
-
-@pytest.fixture(scope="module")
-def settled(tmp_path_factory):
-    """A settled lr x depth sweep of one optimizer (no optim.name axis), worked in this process."""
-    sweep = Sweep.from_dict({"base": BASE, "axes": {"optim.lr": [0.05, 0.1], "model.depth": [1, 2]},
-                             "scale_key": "model.depth"})
-    store = SweepStore(tmp_path_factory.mktemp("settled") / "sweep")
-    store.create_or_check(sweep)
-    assert run_worker(store.dir) == 4
-    return sweep, store
-
-
-@pytest.fixture
-def finished_sweep(settled, tmp_path):
-    sweep, store = settled
-    shutil.copytree(store.dir, tmp_path / "sweep")
-    return sweep, SweepStore(tmp_path / "sweep")
+from .conftest import BASE, SPEC
 
 
 def _app():
@@ -49,13 +22,13 @@ def _app():
 def test_report_takes_the_optimizer_from_the_base_config(settled):
     from moga.sweep.report.schema import parse_records
 
-    rows = parse_records(records(settled[1]), "model.depth")  # what `moga report DIR` reads
+    rows = parse_records(records(settled), "model.depth")  # what `moga report DIR` reads
     assert len(rows) == 4 and {r.optimizer for r in rows} == {"muon"}
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_a_damaged_store_says_so_and_rebuilds_from_the_run_directories(finished_sweep, damage):
-    sweep, store = finished_sweep
+def test_a_damaged_store_says_so_and_rebuilds_from_the_run_directories(settled_copy, damage):
+    sweep, store = Sweep.from_dict(SPEC), settled_copy
     before = {c["id"]: c["result"] for c in store.cells()}
     data = store.path.read_bytes()
     for side in store.dir.glob("sweep.db-*"):

@@ -5,7 +5,6 @@ on a read-only directory is read without a write."""
 
 import json
 import os
-import shutil
 import sqlite3
 
 import pytest
@@ -17,32 +16,14 @@ from moga.sweep.spec import Sweep, cell_id
 from moga.sweep.store import SweepStore
 from moga.sweep.worker import run_worker
 
-BASE = {
-    "seed": 0,
-    "model": {"name": "residual_mlp", "width": 8},
-    "data": {"name": "digits"},
-    "optim": {"name": "muon", "lr": 0.05},
-    "train": {"steps": 2, "batch_size": 32},
-    "eval": {"every": 0, "train_eval": False, "max_batches": 1},
-    "logging": {"progress": False},
-}
-SPEC = {"base": BASE, "axes": {"optim.lr": [0.05, 0.1], "model.depth": [1, 2]}, "scale_key": "model.depth"}
-
-
-@pytest.fixture(scope="module")
-def settled(tmp_path_factory):
-    store = SweepStore(tmp_path_factory.mktemp("settled") / "sweep")
-    store.create_or_check(Sweep.from_dict(SPEC))
-    assert run_worker(store.dir) == 4
-    return store.dir
+from .conftest import SPEC
 
 
 @pytest.fixture
-def sweep_dir(settled, tmp_path):
-    shutil.copytree(settled, tmp_path / "sweep")
-    config = tmp_path / "sweep.yaml"
-    config.write_text(yaml.safe_dump(SPEC))
-    return tmp_path / "sweep"
+def sweep_dir(settled_copy, tmp_path):
+    """A settled sweep's directory, its config beside it as sweep.yaml."""
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(SPEC))
+    return settled_copy.dir
 
 
 def _cli(*args):
@@ -70,16 +51,24 @@ def snapshot(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "sweep.db" not in p.name)
 
 
-@pytest.mark.parametrize("kind", ["foreign", "traversal", "damaged"])
+@pytest.mark.parametrize("kind", ["foreign", "traversal", "damaged", "directory"])
 def test_a_hostile_row_runs_nothing_and_is_one_line_everywhere(sweep_dir, tmp_path, kind):
+    """Also a directory where sweep.db belongs: named as such, not "holds no sweep" or SQLite's traceback."""
     marker = tmp_path / "ran"
-    plant(sweep_dir, *hostile(kind, marker))
+    if kind == "directory":
+        for db in sweep_dir.glob("sweep.db*"):
+            db.unlink()
+        (sweep_dir / "sweep.db").mkdir()
+    else:
+        plant(sweep_dir, *hostile(kind, marker))
     before = snapshot(tmp_path)
     for args in (["sweep", tmp_path / "sweep.yaml", "--out", sweep_dir, "-q"], ["sweep", "status", sweep_dir],
                  ["report", sweep_dir, "--out", tmp_path / "report"]):
         out = _cli(*args)
-        assert out.exit_code == 2 and "store damaged" in out.output and "--rebuild" in out.output, (args, out.output)
-        assert "Traceback" not in out.output
+        last = out.output.strip().splitlines()[-1]
+        assert out.exit_code == 2 and last.startswith("error: store damaged") and "--rebuild" in last, (args, out.output)
+        assert "Traceback" not in out.output and out.output.count("error") == 1
+        assert kind != "directory" or f"{sweep_dir / 'sweep.db'}: it is a directory, not" in last, last
         assert snapshot(tmp_path) == before and not marker.exists(), args  # nothing run, nothing written
     out = _cli("sweep", tmp_path / "sweep.yaml", "--out", sweep_dir, "-q", "--rebuild")  # what the line promises
     assert out.exit_code == 0, out.output
@@ -122,23 +111,36 @@ def test_recorded_seeds_that_change_more_than_the_seed_are_refused(sweep_dir):
             assert stored_include(sweep_dir, make) == ok
 
 
-def test_reproduce_and_demo_refuse_a_hostile_store(tmp_path):
+@pytest.mark.parametrize("kind", ["foreign", "mismatch", "sweep.db", "cells", "report"])
+def test_reproduce_and_demo_refuse_a_hostile_store(tmp_path, kind):
+    """A foreign row, a row whose id is not its params' hash, or a symlink planted at the store, the cells or the
+    report: one line, exit 1, nothing run and nothing written outside."""
     from moga.experiments.demo import demo_sweep
     from moga.experiments.reproduce.catalog import get
     from moga.experiments.reproduce.run import _sweep
 
-    marker = tmp_path / "ran"
+    marker, outside = tmp_path / "ran", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious\n")
     for args, sweep in ((["reproduce", "depth-mlp", "--quick", "-w", "1", "-q", "--seeds", "1"],
                          _sweep(get("depth-mlp"), "quick", None, [])),  # what the command makes: no extension
                         (["demo", "--quick", "-w", "1", "--seeds", "1"],
                          Sweep.from_dict({**demo_sweep(quick=True), "include": []}))):
         out_dir = tmp_path / args[0]
-        SweepStore(out_dir).create_or_check(sweep)
-        params = {**sweep.cells[0], "model.name": "os:system", "model.command": f"touch {marker}"}
-        plant(out_dir, cell_id(params), params)
+        if kind in ("foreign", "mismatch"):
+            SweepStore(out_dir).create_or_check(sweep)
+            params = {**sweep.cells[0], "model.name": "os:system", "model.command": f"touch {marker}"}
+            plant(out_dir, cell_id(params) if kind == "foreign" else "0123456789ab", params)
+        else:
+            out_dir.mkdir()
+            (out_dir / kind).symlink_to(outside / "keep" if kind == "sweep.db" else outside)
         out = _cli(*args, "-o", out_dir)
-        assert out.exit_code == 1 and "store damaged" in out.output and "Traceback" not in out.output, out.output
-        assert not marker.exists() and not (out_dir / "cells").exists() and not (out_dir / "outcome.json").exists()
+        last = out.output.strip().splitlines()[-1]
+        assert out.exit_code == 1 and "error: " in last and "Traceback" not in out.output, out.output
+        assert ("store damaged" if kind in ("foreign", "mismatch") else f"{out_dir / kind} is a symlink") in last
+        assert not marker.exists() and not (out_dir / "outcome.json").exists()
+        assert not (out_dir / "cells").exists() or (out_dir / "cells").is_symlink()
+        assert sorted(p.name for p in outside.iterdir()) == ["keep"] and (outside / "keep").read_text() == "precious\n"
 
 
 SWEEP_FILES = ("sweep.db", "sweep.db-wal", "sweep.db-shm", "cells", "report")

@@ -38,6 +38,16 @@ def gpt_config(text_path: Path, **sections) -> dict:
     return merge(cfg, sections)
 
 
+def one_line(result, exit_code: int, *needles: str) -> str:
+    """A CLI result that is one error line (no traceback) with ``exit_code``, naming each of ``needles``."""
+    out = result.output
+    assert result.exit_code == exit_code, out
+    assert "Traceback" not in out and out.startswith("error: ") and out.count("\n") == 1, out
+    for needle in needles:
+        assert needle in out, out
+    return out
+
+
 def same_tensors(a, b) -> bool:
     """Bitwise equality of two (nested) state dicts."""
     if torch.is_tensor(a):

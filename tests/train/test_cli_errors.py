@@ -5,7 +5,7 @@ import pickle
 import pytest
 from typer.testing import CliRunner
 
-from .conftest import tiny
+from .conftest import one_line, tiny
 
 
 def _train(tmp_path, *overrides: str):
@@ -22,20 +22,11 @@ def _train(tmp_path, *overrides: str):
     return CliRunner().invoke(app, ["train", *base, *overrides, "-o", str(tmp_path / "run")], terminal_width=200)
 
 
-def _one_line(result, exit_code: int, *needles: str) -> str:
-    out = result.output
-    assert result.exit_code == exit_code, out
-    assert "Traceback" not in out and out.startswith("error: ") and out.count("\n") == 1, out
-    for needle in needles:
-        assert needle in out, out
-    return out
-
-
 def test_an_allocation_that_fails_says_out_of_memory(tmp_path):
     # 2^60 float32 weights (4 EiB): larger than any address space, so the allocator refuses at once, everywhere
     result = _train(tmp_path, "model.name=torch.nn:Linear", "model.in_features=1073741824",
                     "model.out_features=1073741824")
-    _one_line(result, 1, "out of memory (one tensor of 4.29e+09 GiB)", "model.width")
+    one_line(result, 1, "out of memory (one tensor of 4.29e+09 GiB)", "model.width")
 
 
 def test_a_cuda_device_without_cuda(tmp_path):
@@ -43,12 +34,12 @@ def test_a_cuda_device_without_cuda(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    _one_line(_train(tmp_path, "train.device=cuda"), 2, "train.device=cuda but", "no CUDA device")
-    _one_line(_train(tmp_path, "train.device=gpu"), 2, "train.device='gpu' is not a device")
+    one_line(_train(tmp_path, "train.device=cuda"), 2, "train.device=cuda but", "no CUDA device")
+    one_line(_train(tmp_path, "train.device=gpu"), 2, "train.device='gpu' is not a device")
 
 
 def test_an_unknown_compile_backend(tmp_path):
-    _one_line(_train(tmp_path, "train.compile=bogus"), 2, "train.compile='bogus' is not a torch.compile backend",
+    one_line(_train(tmp_path, "train.compile=bogus"), 2, "train.compile='bogus' is not a torch.compile backend",
               "inductor")
 
 
@@ -58,7 +49,7 @@ def test_a_seed_beyond_what_the_generators_take(tmp_path):
     assert "Traceback" not in result.output and "Overflow" not in result.output
 
 
-def test_a_hostile_meta_pickle_is_refused_in_one_line(tmp_path):
+def test_a_hostile_meta_pickle_is_refused_inone_line(tmp_path):
     import os
 
     import numpy as np
@@ -76,7 +67,7 @@ def test_a_hostile_meta_pickle_is_refused_in_one_line(tmp_path):
     (data / "meta.pkl").write_bytes(pickle.dumps(Hostile()))
     result = _train(tmp_path, "data.name=text", f"data.data_dir={data}", "model.name=gpt", "model.n_layer=1",
                     "model.n_embd=8", "model.n_head=1")
-    _one_line(result, 2, f"{data / 'meta.pkl'}: refused", "nothing in it was run")
+    one_line(result, 2, f"{data / 'meta.pkl'}: refused", "nothing in it was run")
     assert not marker.exists()
 
 
@@ -86,4 +77,4 @@ def test_an_empty_text_file_is_named(tmp_path, monkeypatch):
     empty.write_text("")
     result = _train(tmp_path, "data.name=text", f"data.text_path={empty}", "model.name=gpt", "model.n_layer=1",
                     "model.n_embd=8", "model.n_head=1")
-    _one_line(result, 2, f"{empty} is empty")
+    one_line(result, 2, f"{empty} is empty")

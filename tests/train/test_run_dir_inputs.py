@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from moga.train import CheckpointError, read_metrics, run
 
-from .conftest import gpt_config, merge, same_tensors, tiny
+from .conftest import gpt_config, merge, one_line, same_tensors, tiny
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 RUN_FILES = ("config.yaml", "plan.txt", "metrics.jsonl", "checkpoint.pt", "result.json", ".train.lock")
@@ -30,15 +30,6 @@ def _cli(*args: str):
     return CliRunner().invoke(app, list(args), terminal_width=300)
 
 
-def _one_line(result, code: int, *needles: str) -> str:
-    out = result.output
-    assert result.exit_code == code, out
-    assert "Traceback" not in out and out.startswith("error: ") and out.count("\n") == 1, out
-    for needle in needles:
-        assert needle in out, out
-    return out
-
-
 @pytest.mark.parametrize("target", ["existing", "dangling"])
 @pytest.mark.parametrize("name", RUN_FILES)
 def test_a_symlink_at_any_file_a_run_writes_changes_nothing_outside(tmp_path, name, target):
@@ -51,16 +42,21 @@ def test_a_symlink_at_any_file_a_run_writes_changes_nothing_outside(tmp_path, na
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / name).symlink_to(outside)
-    out = _cli("train", *(f"{k}={json.dumps(v)}" for k, v in _flat(small()).items()), "-o", str(run_dir), "-q")
+    out = _cli("train", *_overrides(small()), "-o", str(run_dir), "-q")
     assert [p.read_text() for p in outside.parent.iterdir()] == (["precious\n"] if target == "existing" else [])
     if name in ("metrics.jsonl", ".train.lock"):
-        _one_line(out, 1, f"{run_dir / name} is a symlink")
+        one_line(out, 1, f"{run_dir / name} is a symlink")
     elif target == "existing" and name in ("checkpoint.pt", "result.json"):  # read before written: not ours
-        _one_line(out, 1, str(run_dir / name))
+        one_line(out, 1, str(run_dir / name))
     else:
         assert out.exit_code == 0, out.output
         assert (run_dir / name).is_file() and not (run_dir / name).is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside", "run"]
+
+
+def _overrides(cfg: dict) -> list[str]:
+    """``cfg`` as `moga train`'s KEY=VALUE arguments, one per key of each section."""
+    return [f"{k}={json.dumps(v)}" for k, v in _flat(cfg).items()]
 
 
 def _flat(cfg: dict, prefix: str = "") -> dict:
@@ -122,17 +118,41 @@ def test_a_checkpoint_without_its_digest_is_refused_unless_trusted(tmp_path, mon
 
 
 def test_damaged_result_json_and_a_directory_checkpoint_are_named(tmp_path):
-    overrides = [f"{k}={json.dumps(v)}" for k, v in _flat(small()).items()]
+    overrides = _overrides(small())
     run(small(), tmp_path / "done")
     (tmp_path / "done" / "result.json").write_text('{"status": "fini')
-    _one_line(_cli("train", *overrides, "-o", str(tmp_path / "done"), "-q"), 1,
+    one_line(_cli("train", *overrides, "-o", str(tmp_path / "done"), "-q"), 1,
               f"{tmp_path / 'done' / 'result.json'} is damaged", "rm ")
     (tmp_path / "dir" / "checkpoint.pt").mkdir(parents=True)
-    _one_line(_cli("train", *overrides, "-o", str(tmp_path / "dir"), "-q"), 1,
+    one_line(_cli("train", *overrides, "-o", str(tmp_path / "dir"), "-q"), 1,
               f"{tmp_path / 'dir' / 'checkpoint.pt'} is a directory, not a checkpoint file")
 
 
-def test_yaml_nested_50000_deep_is_one_line(tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    return run(small(), tmp_path_factory.mktemp("whole") / "run")
+
+
+@pytest.mark.parametrize("name", ["result.json", "config.yaml", "plan.txt", "metrics.jsonl"])
+def test_a_directory_where_a_run_file_belongs_is_refused_before_training(tmp_path, name, uninterrupted):
+    """Found before the first step, not when the file is written (result.json: after all the training): one
+    line naming it, the stopped run's files as they were; moved away, the run resumes to the uninterrupted end."""
+    run_dir, kept = tmp_path / "run", tmp_path / name
+    run(small(), run_dir, stop_at=3)
+    if (run_dir / name).exists():
+        (run_dir / name).rename(kept)
+    (run_dir / name).mkdir()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    one_line(_cli("train", *_overrides(small()), "-o", str(run_dir), "-q"), 1,
+              f"{run_dir / name} is a directory, not a", f"mv {run_dir / name} ")
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    (run_dir / name).rmdir()
+    if kept.exists():
+        kept.rename(run_dir / name)
+    assert run(small(), run_dir)["final_train_loss"] == uninterrupted["final_train_loss"]
+
+
+def test_yaml_nested_50000_deep_isone_line(tmp_path):
     config = tmp_path / "deep.yaml"
     config.write_text("model: " + "[" * 50_000 + "]" * 50_000 + "\n")
     out = _cli("train", str(config), "-o", str(tmp_path / "run"))
@@ -152,7 +172,7 @@ app(sys.argv[2:])
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_checkpoint(tmp_path):
     """A real write failure inside torch.save (its zip writer raises RuntimeError, not OSError)."""
     run_dir = tmp_path / "run"
-    overrides = [f"{k}={json.dumps(v)}" for k, v in _flat(small(checkpoint={"every": 1})).items()]
+    overrides = _overrides(small(checkpoint={"every": 1}))
     run(small(checkpoint={"every": 1}), run_dir, stop_at=2)
     before = (run_dir / "checkpoint.pt").read_bytes()
     env = {**os.environ, "PYTHONPATH": SRC}

@@ -101,6 +101,8 @@ def run_demo(out: Path, quick: bool = False, workers: int = 2, data: str | None 
         lambda sw: run_sweep(sw, out, workers=workers, progress=progress),
         lambda sw: (records(SweepStore(out)), "model.depth"), ("optimizer", "scaling"), 0.02, min_seeds, max_seeds)
     rows = records(SweepStore(out))
+    if not rows:  # every cell failed: the report would have nothing to say
+        raise SweepError(f"no cell of {out} settled; see `moga sweep status {out}`")
     paths = write_report(rows, out / "report", scale_key="model.depth",
                          title=f"Learning-rate transfer across depth ({sweep.base['data']['name']}, residual MLP)",
                          formats=("png", "svg"))
@@ -149,19 +151,20 @@ def demo_command(
 ) -> None:
     """The depth paper's figure 1 at CPU scale: residual MLPs at depths 2-32, AdamW vs Muon vs MOGA, with and
     without alpha = K_base/K, six learning rates each; then the transfer report. Re-running resumes."""
-    for aside in set_aside_all(out) if rebuild else ():
-        typer.echo(f"set the old store aside as {aside}; rebuilding it")
     typer.echo(f"moga demo{' --quick' if quick else ''}: {QUICK_TIME if quick else FULL_TIME}; this run: {workers} "
                f"worker(s) on {os.cpu_count()} CPU(s); re-running resumes", err=True)
     try:
+        for aside in set_aside_all(out) if rebuild else ():
+            typer.echo(f"set the old store aside as {aside}; rebuilding it")
         result = run_demo(out, quick=quick, workers=workers, data=data, min_seeds=min(seeds, max_seeds),
                           max_seeds=max_seeds)
-    except (SweepError, RuntimeError, FileNotFoundError) as e:  # a damaged store, a busy directory
+        if readme is not None:
+            command = "moga demo" + (" --quick" if quick else "")
+            update_readme(readme, result["report"], readme.parent / "docs", command, result["arms"])
+    # a damaged store (SweepError), a busy directory, a planted symlink (OSError), a README without its section
+    except (ValueError, RuntimeError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    if readme is not None:
-        command = "moga demo" + (" --quick" if quick else "")
-        update_readme(readme, result["report"], readme.parent / "docs", command, result["arms"])
     for v in json.loads((result["report"] / "summary.json").read_text())["verdicts"]:
         panel = ", ".join(str(result["arms"].get(x, x)) for x in v["panel"].values() if x)
         typer.echo(f"{panel} ({v['metric']}): {v['line']}")

@@ -26,7 +26,7 @@ scale_key: model.depth            # the axis the report draws one curve per valu
 
 Re-running a sweep whose grid grew (more lr values or scales, other exclusions, included cells such as
 more seeds where a verdict is close) keeps every finished cell and runs only the new ones; a changed base
-config or thread count is refused (``moga.sweep.store``).
+config or thread count is refused (``moga.sweep.compat``).
 
 A cell's result does not depend on how many workers share the machine: every cell runs with ``threads``
 intra-op threads (1 by default), since the thread count changes the order of floating-point reductions
@@ -51,8 +51,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from moga.optim.multipliers import preset_options
 from moga.optim.muon import MUON_DEFAULT, MUON_PRESETS
+from moga.optim.preset_history import stamps
 from moga.train.build import model_kwargs
 from moga.train.config import build_config, single_path_component
 from moga.train.config_files import ConfigError, apply_overrides, read_config_file, resolve_config_path
@@ -318,12 +318,8 @@ class Sweep:
         return [self.config(cell).optim for cell in one_each.values()]
 
     def to_dict(self) -> dict:
-        d = {"spec": self.spec.model_dump(mode="json"), "base": self.base}
-        default = preset_options("default")
-        if default != preset_options("paper"):  # what MOGA's default meant when it was stored (moga.sweep.store)
-            d["moga_default_preset"] = default.to_dict()
-        d["muon_default_preset"] = MUON_DEFAULT  # what Muon's default ran (moga.sweep.store); before: "moga"
-        return d
+        # with what MOGA's and Muon's defaults run today: a store compares them when it is extended (sweep.compat)
+        return {"spec": self.spec.model_dump(mode="json"), "base": self.base, **stamps()}
 
 
 def _is_dependent(v) -> bool:

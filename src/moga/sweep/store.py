@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import time
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
 from moga.files import UnsafeFile, read_only, refuse_symlinks
-from moga.optim.multipliers import PAPER, Preset, preset_options
-from moga.optim.muon import MUON_DEFAULT, MUON_PRESETS
 from moga.status import DONE, Status
+from moga.sweep.compat import incompatible
+from moga.sweep.owners import owner_is_dead
 from moga.sweep.spec import CELL_ID, Sweep, SweepError, SweepSpec, canonical, cell_id
 
 DB_NAME = "sweep.db"
@@ -65,179 +63,6 @@ def _damaged(error: sqlite3.DatabaseError) -> bool:
             or text.startswith("no such table"))  # an empty or foreign file where the store should be
 
 
-def new_owner() -> str:
-    """host:pid:nonce, so a dead process's claims can be recognised on the same host."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def _owner_is_dead(owner: str | None) -> bool:
-    if not owner:
-        return True
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False  # another machine: only the heartbeat can tell
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return _is_zombie(int(pid))
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return False
-
-
-# What an extension may change: the grid (axis values, exclusions) and how it is run and drawn.
-EXTENSIBLE = {"name", "axes", "exclude", "include", "scale_key", "scale_keys", "early_stop_diverged", "heartbeat_timeout"}
-
-
-def incompatible(stored: dict, sweep: Sweep) -> str | None:
-    """Why ``sweep`` cannot extend the stored definition, or None when it only changes the grid."""
-    base = json.loads(json.dumps(sweep.base))
-    optimizers = _optimizers(sweep)
-    why = _preset_changed(stored, sweep, optimizers == {"moga"}) if "moga" in optimizers else None
-    if why is None and "muon" in optimizers:
-        why = _muon_changed(stored, sweep)
-    if why:
-        return why
-    # compared by what they run, above: MOGA's preset, and its momentum where every cell is MOGA
-    keys = ("preset", "nesterov") if optimizers == {"moga"} else ("preset",)
-    stored_base, base = _without(stored["base"], keys), _without(base, keys)
-    if stored_base != base:
-        changed = sorted(changed_keys(stored_base, base))
-        return f"its base config changed: {', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''}"
-    old = SweepSpec.model_validate(stored["spec"]).model_dump(mode="json")
-    new = sweep.spec.model_dump(mode="json")
-    if "muon" in optimizers:
-        was, now = _muon_runs(stored, old), _muon_runs(sweep.to_dict(), new)
-        if was != now:
-            return f"its Muon cells ran {was.describe}, and would now run {now.describe}"
-    if _without_muon_preset(old["overrides"]) != _without_muon_preset(new["overrides"]):
-        return "its overrides changed"
-    for key in sorted(set(old) | set(new)):
-        if key not in EXTENSIBLE and key not in ("base", "overrides") and old.get(key) != new.get(key):
-            return f"its {key} changed"
-    if set(old["axes"]) != set(new["axes"]):  # as sets: the stored copy has its keys sorted
-        return f"its axes changed from {sorted(old['axes'])} to {sorted(new['axes'])}"
-    for key, values in new["axes"].items():
-        was = old["axes"][key]
-        if isinstance(was, dict) and isinstance(values, dict) and "by" in was and was.get("by") != values.get("by"):
-            return f"axis {key} now depends on {values.get('by')!r}, not {was.get('by')!r}"
-    return None
-
-
-def _muon_changed(stored: dict, sweep: Sweep) -> str | None:
-    """A store from before the published recipe became Muon's default (it records none) ran moga's all-geometry
-    Muon in its Muon cells: refused where a Muon cell would now run the published one."""
-    if stored.get("muon_default_preset", "moga") == MUON_DEFAULT:
-        return None
-    if all(o.preset == "moga" for o in sweep.optims("optim.name", "optim.preset") if o.name == "muon"):
-        return None
-    return ("Muon's default became the published recipe (AdamW on tables, head and vectors) since it was stored, "
-            "and its finished Muon cells ran moga's all-geometry Muon (optim.preset: moga on every Muon cell runs "
-            "what they ran)")
-
-
-def _muon_preset_override(overrides: dict) -> str | None:
-    """The preset a dependent override ``optim.preset: {by: optim.name, values: {muon: NAME}}`` gives Muon's cells
-    alone, else None."""
-    dep = overrides.get("optim.preset")
-    if isinstance(dep, dict) and dep.get("by") == "optim.name" and set(dep.get("values", {})) == {"muon"}:
-        return dep["values"]["muon"]
-    return None
-
-
-def _without_muon_preset(overrides: dict) -> dict:
-    """The overrides but Muon's preset, which is compared by what it runs (:func:`_muon_runs`)."""
-    return {k: v for k, v in overrides.items() if k != "optim.preset" or _muon_preset_override(overrides) is None}
-
-
-def _muon_runs(definition: dict, spec: dict):
-    """What a sweep definition's Muon cells run (outside an optim.preset axis): the preset its overrides give
-    them, else its base's, where MOGA's names (and none) run Muon's default when it was stored."""
-    default = definition.get("muon_default_preset", "moga")
-    name = _muon_preset_override(spec["overrides"]) or (definition["base"].get("optim") or {}).get("preset")
-    return MUON_PRESETS.get(name or default, MUON_PRESETS[default])
-
-
-def _optimizers(sweep: Sweep) -> set[str]:
-    """The optimizers the sweep's cells run, from one config per distinct optim.name cell value."""
-    return {optim.name for optim in sweep.optims("optim.name")}
-
-
-def _without(base: dict, keys: tuple[str, ...]) -> dict:
-    optim = base.get("optim")
-    return {**base, "optim": {k: v for k, v in optim.items() if k not in keys}} if isinstance(optim, dict) else base
-
-
-def _preset_changed(stored: dict, sweep: Sweep, only_moga: bool) -> str | None:
-    """For a sweep with MOGA cells, the base's optim.preset and optim.nesterov are compared by what they run,
-    MOGA's lr multipliers and momentum, not by name: pinning "paper" on a sweep stored while the default was the
-    paper's extends it, and so does pinning ``optim.nesterov: false`` (where every cell is MOGA) on one stored while
-    the default's momentum was plain. When the default has changed since the sweep was stored (the store records
-    it; stores from before the record ran the paper's, the only default there was, and stores that recorded
-    multipliers alone ran plain momentum), its finished MOGA cells on the default ran the old one: refused."""
-    was_default, default = Preset.from_record(stored.get("moga_default_preset")), preset_options("default")
-    old, new = _runs(stored["base"], was_default), _runs(sweep.base, default)
-    if old != new:
-        keys = [k for k in ("preset", "nesterov") if _optim(stored["base"], k) != _optim(sweep.base, k)]
-        if keys:
-            return f"its base config changed: {', '.join('optim.' + k for k in keys)} ({_what_changed(old, new)})"
-        if old == PAPER:
-            pin = " (optim.preset: paper in its base runs what they ran)"
-        elif old.lr_multipliers == new.lr_multipliers and only_moga:
-            pin = f" (optim.nesterov: {str(old.nesterov).lower()} in its base runs what they ran)"
-        else:
-            pin = ""
-        return (f"MOGA's default preset changed since it was stored ({_what_changed(old, new)}), and its base runs "
-                f"the default: its finished MOGA cells ran the old one{pin}")
-    if was_default != default and any(v in (None, "default") for v in _axis_values(sweep, "optim.preset")):
-        return (f"MOGA's default preset changed since it was stored ({_what_changed(was_default, default)}), and its "
-                f"optim.preset axis runs 'default'")
-    return None
-
-
-def _optim(base: dict, key: str):
-    value = (base.get("optim") or {}).get(key)
-    return (value or "default") if key == "preset" else value
-
-
-def _runs(base: dict, default: Preset) -> Preset:
-    """What MOGA runs on ``base`` (its preset, ``default`` when it names none, and its own nesterov, if set)."""
-    preset = _optim(base, "preset")
-    preset = default if preset == "default" else preset_options(preset)
-    nesterov = _optim(base, "nesterov")
-    return Preset(dict(preset.lr_multipliers), preset.nesterov if nesterov is None else bool(nesterov))
-
-
-def _what_changed(old: Preset, new: Preset) -> str:
-    """E.g. "MOGA's momentum plain -> Nesterov" and/or "MOGA's lr multipliers {} -> {'embedding': 0.0625}"."""
-    parts, was, now = [], dict(old.lr_multipliers), dict(new.lr_multipliers)
-    if was != now:
-        parts.append(f"MOGA's lr multipliers {was or 'none'} -> {now or 'none'}")
-    if old.nesterov != new.nesterov:
-        parts.append(f"MOGA's momentum {'Nesterov' if old.nesterov else 'plain'} -> "
-                     f"{'Nesterov' if new.nesterov else 'plain'}")
-    return ", ".join(parts)
-
-
-def _axis_values(sweep: Sweep, key: str) -> list:
-    return [cell[key] for cell in sweep.cells if key in cell]
-
-
-def changed_keys(a, b, prefix: str = "") -> list[str]:
-    """The dotted keys at which two nested config dicts differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in set(a) | set(b) for k in changed_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
-
-
 def set_aside_all(directory: str | Path) -> list[Path]:
     """``--rebuild`` where one command keeps its stores under one directory (moga reproduce, moga demo): every
     sweep.db there set aside, so each is rebuilt from its config and its cells' run directories."""
@@ -256,16 +81,22 @@ class SweepStore:
 
     @contextmanager
     def _connect(self, create: bool = False):
+        refuse_symlinks(self.path, *(self.path.with_name(DB_NAME + s) for s in ("-wal", "-shm", "-journal")))
+        if self.path.exists() and not self.path.is_file():  # SQLite would say only "unable to open"
+            raise self.damaged(f"it is {'a directory' if self.path.is_dir() else 'not a regular file'}, not the "
+                               "store's database file")
         if not create and not self.path.is_file():  # never leave an empty sweep.db behind a read
             raise SweepError(f"{self.dir} holds no sweep (no {DB_NAME}); start one there with "
                              f"moga sweep CONFIG --out {self.dir}")
-        refuse_symlinks(self.path, *(self.path.with_name(DB_NAME + s) for s in ("-wal", "-shm", "-journal")))
         writable = create or not (read_only(self.dir) or read_only(self.path))
-        if writable:
-            con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-        else:  # read-only: WAL mode would need to create sweep.db-shm; immutable reads the file as it is
-            con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
-                                  isolation_level=None)
+        try:
+            if writable:
+                con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            else:  # read-only: WAL mode would need to create sweep.db-shm; immutable reads the file as it is
+                con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                                      isolation_level=None)
+        except sqlite3.Error as e:
+            raise SweepError(f"the sweep store {self.path} could not be opened ({e})") from None
         try:
             con.execute("PRAGMA busy_timeout = 60000")
             yield con
@@ -276,7 +107,7 @@ class SweepStore:
                 raise SweepError(f"the sweep store {self.path} is read-only ({e}): it can be read (moga sweep "
                                  "status, moga report --out DIR) but not run; copy it somewhere writable to run "
                                  "it") from None
-            raise
+            raise SweepError(f"the sweep store {self.path} failed ({e})") from None
         finally:
             con.close()
 
@@ -368,6 +199,7 @@ class SweepStore:
 
     def _create_or_extend(self, sweep: Sweep) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
+        refuse_symlinks(self.dir / "cells")  # said once, here, not as every cell's failure (cell_dir)
         definition = json.dumps(sweep.to_dict(), sort_keys=True)
         grid = [cell_id(c) for c in sweep.cells]
         with self._connect(create=True) as con:
@@ -414,7 +246,7 @@ class SweepStore:
         resume when the grid takes them back."""
         gone = [cid for (cid, status, owner) in
                 con.execute("SELECT id, status, owner FROM cells WHERE status IN ('pending', 'failed', 'running')")
-                if cid not in keep and (_owner_is_dead(owner) if status == Status.RUNNING else waiting)]
+                if cid not in keep and (owner_is_dead(owner) if status == Status.RUNNING else waiting)]
         con.executemany("DELETE FROM cells WHERE id = ?", [(cid,) for cid in gone])
         return len(gone)
 
@@ -460,7 +292,7 @@ class SweepStore:
                 seen_at = self._clock()
                 for cid, params, prev, beat, claims in con.execute(
                         "SELECT id, params, owner, heartbeat, claims FROM cells WHERE status = 'running' ORDER BY idx"):
-                    if self._silent_for(cid, (prev, beat, claims), seen_at) >= timeout or _owner_is_dead(prev):
+                    if self._silent_for(cid, (prev, beat, claims), seen_at) >= timeout or owner_is_dead(prev):
                         row, event = (cid, params), "retake"
                         break
             if row is None:

@@ -26,8 +26,9 @@ import torch
 
 from moga.filelock import exclusive_lock
 from moga.status import DONE, Status
+from moga.sweep.owners import new_owner
 from moga.sweep.spec import Sweep, SweepError, SweepSpec, canonical
-from moga.sweep.store import SweepStore, new_owner
+from moga.sweep.store import SweepStore
 from moga.train import run
 
 HEARTBEAT_SECONDS = 2.0

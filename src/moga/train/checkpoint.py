@@ -13,11 +13,12 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from moga.files import replacing
 
 from .hashing import hash_diff
 
@@ -44,10 +45,11 @@ def restart_hint(path: Path) -> str:
             "then run the same command again.")
 
 
-def refuse_directory(path: Path) -> None:
-    """A directory where the checkpoint file belongs (left by hand, or by another tool) is not a full disk."""
+def refuse_directory(path: Path, kind: str = "checkpoint") -> None:
+    """A directory where a file of the run belongs (left by hand, or by another tool) is found before training,
+    not at the first write after it (which would say only "Is a directory", or "free some space")."""
     if path.is_dir():
-        raise CheckpointError(f"{path} is a directory, not a checkpoint file: move it away (mv {path} "
+        raise CheckpointError(f"{path} is a directory, not a {kind} file: move it away (mv {path} "
                               f"{path}.aside) and run the same command again")
 
 
@@ -94,22 +96,14 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
     refuse_directory(path)
     payload = {"format": FORMAT, "version": VERSION, **state}
     payload[CHECKSUM] = checksum(payload)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with replacing(path, "wb", fsync=True) as f:  # the one writer (moga.files): the previous file stays
             torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from its zip writer
-        Path(tmp).unlink(missing_ok=True)
         kept = "the previous checkpoint is intact" if path.is_file() else "there is no earlier checkpoint"
         why = getattr(e, "strerror", None) or (str(e).strip().splitlines() or ["no message"])[-1][:200]
         raise CheckpointError(f"could not write the checkpoint {path} ({why}); {kept}. "
                               "Free some space and run the same command again to continue.") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -125,6 +125,8 @@ class Trainer:
         cfg, one_file, dcp_dir = self.cfg, self.run_dir / CHECKPOINT, self.run_dir / sharded.DIRECTORY
         if not self.fsdp:
             refuse_directory(one_file)  # found now, not after training until the first save
+        for name, kind in ((RESULT, "result"), (CONFIG, "config"), (PLAN, "plan"), (METRICS, "metrics")):
+            refuse_directory(self.run_dir / name, kind)
         if (sharded.find_sharded(dcp_dir) or dcp_dir.is_dir()) and (self.fsdp or not one_file.is_file()):
             return sharded.load_engine_state(dcp_dir, cfg.to_dict(), self.hash)  # another parallel: refused
         if one_file.is_file():

@@ -152,6 +152,19 @@ def test_a_store_missing_widths_is_partial_and_never_decides_the_claim(tmp_path)
     assert rejudge(json.loads(json.dumps(result)), [])["outcome"] == "inconclusive"
 
 
+def test_its_report_replaces_a_symlink_planted_at_gap_md(tmp_path):
+    """A store from a shared disk may carry a link at report/gap.md: replaced (moga.files), never written through."""
+    optima = {**{(ROW, w): -3 for w in WIDTHS}, **{(ORTH, w): -6 for w in WIDTHS}}
+    rep, sweep, _ = staged(tmp_path / "out", optima, floors_with_gaps({16: 0.12, 32: 0.09}), widths=[16, 32])
+    outside, link = tmp_path / "outside.md", tmp_path / "out" / "report" / "gap.md"
+    outside.write_text("precious\n")
+    link.parent.mkdir()
+    link.symlink_to(outside)
+    gap.judge(rep, sweep, tmp_path / "out")
+    assert outside.read_text() == "precious\n"
+    assert not link.is_symlink() and link.read_text().startswith("# gap-test: the gap closes")
+
+
 def test_the_shipped_claim_runs_moga_default_on_every_role_but_the_hidden_matrices():
     rep = get("gap-width")
     assert rep.kind == "gap"

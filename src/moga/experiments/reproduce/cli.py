@@ -91,7 +91,8 @@ def reproduce_command(
                                    ray_address=ray_address, data=data if len(names) == 1 else None,
                                    max_regret=max_regret, progress=not quiet,
                                    min_seeds=min(seeds, max_seeds), max_seeds=max_seeds)
-        except (ReproduceError, SweepError, FileNotFoundError, RuntimeError) as e:  # DirectoryBusy too
+        # DirectoryBusy too; OSError: a symlink planted in the store (moga.files.UnsafeFile)
+        except (ReproduceError, SweepError, OSError, RuntimeError) as e:
             typer.echo(f"{n}: error: {e}", err=True)
             failed.append(n)
             continue

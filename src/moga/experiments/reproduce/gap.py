@@ -35,6 +35,7 @@ from moga.experiments.reproduce.cost import best_rate_seeds
 from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
 from moga.experiments.reproduce.reproduction import CONFIGS, ReproduceError, read_reproduction
 from moga.experiments.reproduce.quality import LEVEL, RESAMPLES, _mean, _same, best_lr, relative_interval, seed_losses
+from moga.files import write_text
 from moga.sweep.results import records
 from moga.sweep.seeds import stored_include
 from moga.sweep.spec import Sweep, cell_id
@@ -193,7 +194,7 @@ def judge(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
     fields["alignment"] = alignment(store, fields["widths"], cells, analysis)
     report = Path(out) / "report"
     report.mkdir(parents=True, exist_ok=True)
-    (report / "gap.md").write_text(f"# {rep.name}: {rep.claim}\n\n" + table(fields) + "\n")
+    write_text(report / "gap.md", f"# {rep.name}: {rep.claim}\n\n" + table(fields) + "\n")  # never through a link
     return {**fields, "analysis": analysis, "cells": cells, "report": str(report / "gap.md")}
 
 

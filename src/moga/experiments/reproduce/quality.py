@@ -32,7 +32,8 @@ from moga.experiments.reproduce.kinds import ClaimKind, grid_once, judged_sweep
 from moga.files import write_json, write_text
 from moga.sweep.results import records
 from moga.sweep.spec import optimizer_labels
-from moga.sweep.store import SweepStore, changed_keys
+from moga.sweep.compat import changed_keys
+from moga.sweep.store import SweepStore
 from moga.verdicts import FAILED, HELD, INCONCLUSIVE, UNDECIDED, within_goal
 
 GOAL = 0.02

@@ -35,7 +35,8 @@ def report_command(
         typer.echo(f"error: {sweep} is read-only: give the report another place (--out DIR)", err=True)
         raise typer.Exit(1)
     try:
-        if sweep.is_dir() and (sweep / "sweep.db").is_file():
+        db = sweep / "sweep.db"
+        if sweep.is_dir() and (db.exists() or db.is_symlink()):  # the store says what is wrong with one
             rows, scale_key = _from_store(sweep, scale_key)
             records = parse_records(rows, scale_key)
         else:
