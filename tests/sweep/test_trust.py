@@ -117,13 +117,13 @@ def test_reproduce_and_demo_refuse_a_hostile_store(tmp_path, kind):
     report: one line, exit 1, nothing run and nothing written outside."""
     from moga.experiments.demo import demo_sweep
     from moga.experiments.reproduce.catalog import get
-    from moga.experiments.reproduce.run import _sweep
+    from moga.experiments.reproduce.kinds import RunArgs
 
     marker, outside = tmp_path / "ran", tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("precious\n")
     for args, sweep in ((["reproduce", "depth-mlp", "--quick", "-w", "1", "-q", "--seeds", "1"],
-                         _sweep(get("depth-mlp"), "quick", None, [])),  # what the command makes: no extension
+                         RunArgs(scale="quick").sweep(get("depth-mlp"), [])),  # what the command makes: no extension
                         (["demo", "--quick", "-w", "1", "--seeds", "1"],
                          Sweep.from_dict({**demo_sweep(quick=True), "include": []}))):
         out_dir = tmp_path / args[0]

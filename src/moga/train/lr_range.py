@@ -12,7 +12,6 @@ is saved as ``lr_range.png`` and ``lr_range.json``.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from pathlib import Path
 

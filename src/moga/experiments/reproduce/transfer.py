@@ -220,7 +220,6 @@ def joint_fields(expect: list[dict], joint: list, saved: list[float | None]) -> 
 def _tuning_saved(sweep, j) -> float:
     """Share of the tuning FLOPs saved by sweeping lrs on the smallest pair only and training every other pair
     once at its rate, against sweeping every pair's grid."""
-    lr_key = sweep.spec.lr_key
     keys = sweep.spec.all_scale_keys
     costs: dict[tuple, float] = {}
     lrs: dict[tuple, int] = {}

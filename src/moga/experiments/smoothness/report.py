@@ -9,7 +9,6 @@ wide enough for the noise of a lower-bound estimate, narrow enough that ``sqrt``
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 

@@ -11,7 +11,6 @@ finished cells are never trained again. Results: ``OUT/tune.json``, ``OUT/tune.m
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import asdict
 from collections.abc import Callable, Sequence

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from moga.sweep.report.bootstrap import Bootstrap, bootstrap
+from moga.sweep.report.bootstrap import bootstrap
 from moga.sweep.report.curves import Curve, Grid, build_curve, make_grid
 from moga.sweep.report.decision import decide_transfer
 from moga.sweep.report.schema import SweepRecord, parse_records, scale_label
