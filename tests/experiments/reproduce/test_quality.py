@@ -251,6 +251,24 @@ def test_the_ablation_against_a_named_variant_of_the_same_sweep():
     assert "vs tuned name=muon" in quality.ablation_table(entries)
 
 
+def test_a_dependent_axis_of_several_values_is_a_choice_whose_default_is_its_first_lists_first():
+    """configs/research/hybrid_gap.yaml: the hidden geometry depends on optim.name (four for moga, one for muon);
+    each is a variant, and the default is moga's first."""
+    hidden = {"by": "optim.name", "values": {"moga": ["row(p=2)", "spectral_row"], "muon": ["spectral"]}}
+    variants = [("moga", "row(p=2)", 2.0), ("moga", "spectral_row", 1.7), ("muon", "spectral", 1.8)]
+    rows = [{"optim.name": name, "optim.geometries.hidden": geo, "w": 64, "seed": s, "optim.lr": lr,
+             "train_loss": floor + 0.01 * s + (0.1 if lr != 0.1 else 0)}
+            for name, geo, floor in variants for s in (0, 1) for lr in (0.05, 0.1, 0.2)]
+    axes = {"w": [64], "seed": [0, 1], "optim.name": ["moga", "muon"], "optim.geometries.hidden": hidden,
+            "optim.lr": [0.05, 0.1, 0.2]}
+    entries = quality.ablation(rows, axes, scale_key="w", against={"optim.name": "muon"})
+    by = {e["variant"]["optim.geometries.hidden"]: e for e in entries}
+    assert by["row(p=2)"]["default"] and not by["spectral_row"]["default"]
+    assert by["spectral_row"]["relative"] == pytest.approx(1.705 / 1.805 - 1) and by["spectral_row"]["moves"]
+    with pytest.raises(ValueError, match="optim.geometries.hidden"):
+        quality.ablation(rows, {**axes, "optim.geometries.hidden": {"pow2": [-2, 0]}}, scale_key="w")
+
+
 def test_the_shipped_quality_reproduction_is_judged_by_this_module():
     rep = get("quality")
     assert rep.kind == "quality" and rep.raw["quality"]["baselines"] == ["adamw", "muon"]

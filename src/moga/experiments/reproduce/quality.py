@@ -257,10 +257,11 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
     matches it, tuned at that width. A dependent axis with one value per value of its ``by`` axis follows that
     axis and is no choice of its own."""
     choice_keys = [k for k in axes if k not in (scale_key, lr_key, seed_key) and not _follows(axes[k])]
-    plain = [k for k in choice_keys if not isinstance(axes[k], list)]
+    plain = [k for k in choice_keys if _first(axes[k]) is _NO_VALUE]
     if plain:
-        raise ValueError(f"ablated axes must be plain lists whose first value is the default: {', '.join(plain)}")
-    default = {k: axes[k][0] for k in choice_keys}
+        raise ValueError(f"ablated axes must be lists (or dependent axes of lists) whose first value is the "
+                         f"default: {', '.join(plain)}")
+    default = {k: _first(axes[k]) for k in choice_keys}
     seen = {}  # unique by their JSON text: a mapping value (optim.overrides) is no dict key
     for r in rows:
         values = tuple(r.get(k) for k in choice_keys)
@@ -293,6 +294,17 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
                         # one seed on a side: the interval resamples only the other side's, it says nothing
                         "low": low, "high": high, "moves": not (low <= 0 <= high) if min(len(a), len(b)) > 1 else None})
     return out
+
+
+_NO_VALUE = object()
+
+
+def _first(axis):
+    """An axis' default: a list's first value, or a dependent axis' first list's first value."""
+    if isinstance(axis, list) and axis:
+        return axis[0]
+    lists = list(axis.get("values", {}).values()) if isinstance(axis, dict) and "by" in axis else []
+    return lists[0][0] if lists and isinstance(lists[0], list) and lists[0] else _NO_VALUE
 
 
 def _follows(axis) -> bool:
