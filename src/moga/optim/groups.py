@@ -72,7 +72,7 @@ def plan_group(group: dict) -> GroupPlan:
         try:
             # A plain matrix defaults to "oi"; non-matrix geometries have no layout.
             layouts[id(p)] = resolve_layout(group["layout"], p) if geometry.matrix else None
-        except ValueError:
+        except ValueError as e:
             if p.ndim < 2 and group["layout"] is None and "role" not in group:
                 e = (f"the matrix geometry {geometry} does not apply to a {p.ndim}-D tensor (a bias or a norm "
                      "gain?): pass the model itself, so that its role plan gives vectors their own geometry")
