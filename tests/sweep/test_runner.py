@@ -142,14 +142,13 @@ def test_a_killed_runs_claim_outside_a_narrower_grid_waits_for_the_grid_to_take_
     owner = f"{socket.gethostname()}:{dead.stdout.strip()}:killed"
     claim = store.claim(owner, timeout=3600)
     assert claim["params"]["model.depth"] == 3 and owner_is_dead(owner)
-    counts = run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
-    assert counts["finished"] == 1 and claim["id"] not in {c["id"] for c in store.cells()}
+    narrow = Sweep.from_file(write_sweep(tmp_path, axes=small))
+    assert store.create_or_check(narrow)["dropped"] == 1 and claim["id"] not in {c["id"] for c in store.cells()}
     # a store an earlier moga left with the narrow grid recorded and the claim still in it: dropped the same way
     with sqlite3.connect(store.path) as con:
         con.execute("INSERT INTO cells (id, idx, params, status, owner, claims, updated) VALUES (?, 99, ?, "
                     "'running', ?, 1, 0)", (claim["id"], json.dumps(claim["params"]), owner))
-    counts = run_sweep(Sweep.from_file(write_sweep(tmp_path, axes=small)), out, progress=False)
-    assert claim["id"] not in {c["id"] for c in store.cells()}
+    assert store.create_or_check(narrow)["dropped"] == 1 and claim["id"] not in {c["id"] for c in store.cells()}
     counts = run_sweep(wide, out, progress=False)
     assert counts["finished"] == 2 and {c["id"]: c["status"] for c in store.cells()}[claim["id"]] == "finished"
 
