@@ -34,6 +34,15 @@ ODD = {
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
+def transformers_with(config: str, family: str):
+    """transformers, when it is installed and has ``config``; else the test skips saying which is missing."""
+    T = pytest.importorskip("transformers", reason="transformers is not installed (pip install moga[hf])",
+                            exc_type=ImportError)
+    if not hasattr(T, config):
+        pytest.skip(f"this transformers has no {family}")
+    return T
+
+
 def _noted(notes: list[str], name: str, reason: str) -> bool:
     """Some note line gives ``reason`` for ``name`` (block indices written as '*')."""
     glob = ".".join("*" if part.isdigit() else part for part in name.split("."))
@@ -110,10 +119,7 @@ def test_expert_stacks_step_per_expert():
 def test_transposed_expert_stacks_and_expert_biases():
     """GPT-OSS stores its experts (E, in, out) and says so (is_transposed): layout bio, and per-expert biases
     (E, d) are vectors; the router has a bias too."""
-    T = pytest.importorskip("transformers", reason="transformers is not installed (pip install moga[hf])",
-                            exc_type=ImportError)
-    if not hasattr(T, "GptOssConfig"):
-        pytest.skip("this transformers has no GPT-OSS")
+    T = transformers_with("GptOssConfig", "GPT-OSS")
     torch.manual_seed(0)
     model = T.GptOssForCausalLM(T.GptOssConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
@@ -161,10 +167,7 @@ def test_recurrent_gemma_suggestions_follow_the_forward():
     """RecurrentGemma's RG-LRU gates are per-head matrices stored (heads, in, out) and applied as
     ``baddbmm(bias, x, W)``, the bias added elementwise. The PlanError suggests what the forward does (bio and
     vector; it used to suggest boi and hidden:oi), and the suggestions, pasted as printed, train."""
-    T = pytest.importorskip("transformers", reason="transformers is not installed (pip install moga[hf])",
-                            exc_type=ImportError)
-    if not hasattr(T, "RecurrentGemmaConfig"):
-        pytest.skip("this transformers has no RecurrentGemma")
+    T = transformers_with("RecurrentGemmaConfig", "RecurrentGemma")
     torch.manual_seed(0)
     model = T.RecurrentGemmaForCausalLM(T.RecurrentGemmaConfig(
         num_hidden_layers=2, vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4,
