@@ -269,3 +269,13 @@ def test_a_reused_rate_that_diverges_does_not_transfer():
     assert summary.verdict_line == "does not transfer: reusing the reference's optimum diverges at K=32"
     one_seed = [r for r in rows if r["seed"] == 0]  # the same with one seed: an anecdote
     assert analyze(one_seed, scale_key="depth")[0].verdict == "inconclusive"
+
+
+def test_a_mapping_valued_key_makes_panels_like_any_other():
+    """`moga sweep --seeds --by optim.overrides`: a per-name geometry override is a dict, and a panel value."""
+    attention = {"*.attn.*.weight": {"geometry": "spectral"}}
+    rows = (parabola_sweep([-5, -5, -5], scales=(2, 4, 8), overrides=None)
+            + parabola_sweep([-3, -3, -3], scales=(2, 4, 8), overrides=attention))
+    panels = analyze(rows, group_keys=("optimizer", "overrides"))
+    assert [p.panel["overrides"] for p in panels] == [None, attention]
+    assert [p.reference_lr for p in panels] == [2.0**-5, 2.0**-3]

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,11 +44,12 @@ def analyze(records: Iterable[SweepRecord | Mapping], scale_key: str | None = No
     (panel, scale, lr, seed): an axis that is not in ``group_keys`` would otherwise be averaged away.
     """
     records = select_scale(parse_records(records, scale_key), scale_key)
-    panels: dict[tuple, list[SweepRecord]] = {}
-    for r in records:
-        panels.setdefault(tuple(r.get(k) for k in group_keys), []).append(r)
+    panels: dict[str, tuple[tuple, list[SweepRecord]]] = {}  # by the values' JSON: a mapping (optim.overrides)
+    for r in records:                                          # is a panel value too, and no dict key
+        key = tuple(r.get(k) for k in group_keys)
+        panels.setdefault(json.dumps(key, sort_keys=True, default=str), (key, []))[1].append(r)
     out = []
-    for key, rows in panels.items():
+    for key, rows in panels.values():
         _check_unique(rows, dict(zip(group_keys, key)))
         grid = make_grid([r.lr for r in rows])
         by_scale: dict[float, list[SweepRecord]] = {}
