@@ -34,7 +34,8 @@ from moga.experiments.reproduce.clock import FILE, _seconds
 from moga.experiments.reproduce.cost import best_rate_seeds
 from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
 from moga.experiments.reproduce.reproduction import CONFIGS, ReproduceError, read_reproduction
-from moga.experiments.reproduce.quality import LEVEL, RESAMPLES, _mean, _same, best_lr, relative_interval, seed_losses
+from moga.experiments.reproduce.quality import (LEVEL, RESAMPLES, _finite, _mean, _same, best_lr, relative_interval,
+                                                seed_losses)
 from moga.files import write_text
 from moga.sweep.results import records
 from moga.sweep.seeds import stored_include
@@ -428,16 +429,6 @@ def _pct(x) -> str:
 
 def _num(x) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3f}"
-
-
-def _finite(value):
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
 
 
 # --- a store that is still running ------------------------------------------------------------------------
