@@ -51,7 +51,7 @@ SHARED_NAMES = {  # name -> why two functions still share it (in code other chan
     # the gap-width reproduction and the alignment diagnostic (gap, merged in the same turn)
     "verdict_fields": "experiments/reproduce/gap.py and transfer.py", "rejudge": "experiments/reproduce/gap.py and run.py",
     "_describe": "experiments/reproduce/gap.py and train/config.py", "_num": "experiments/reproduce/gap.py and "
-    "sweep/report/document.py", "_finite": "experiments/reproduce/gap.py and quality.py",
+    "sweep/report/document.py",
     "_mean": "experiments/reproduce/quality.py and smoothness/alignment.py",
 }
 
