@@ -302,22 +302,19 @@ void exact_update(const T* d, T* w, int64_t n, int64_t d_stride, int64_t w_strid
   }
 }
 
-// Hints to fetch the cache line at p for reading or writing (no-ops where the compiler has no such builtin).
-inline void prefetch_for_read(const void* p) {
+// Hints to fetch the cache line at p for reading (RW = 0) or writing (RW = 1); no-ops where the compiler has no
+// such builtin.
+template <int RW>
+inline void prefetch(const void* p) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 3);
+  __builtin_prefetch(p, RW, 3);
 #else
   (void)p;
 #endif
 }
 
-inline void prefetch_for_write(const void* p) {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 1, 3);
-#else
-  (void)p;
-#endif
-}
+inline void prefetch_for_read(const void* p) { prefetch<0>(p); }
+inline void prefetch_for_write(const void* p) { prefetch<1>(p); }
 
 // Each stream is prefetched this many elements ahead (pipelined rows, sign rows, column sweeps): the
 // hardware prefetcher alone keeps too few lines in flight for one core's bandwidth.
