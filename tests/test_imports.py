@@ -30,3 +30,20 @@ def test_import_moga_alone_loads_no_torch():
 
 def test_plan_error_is_exported():
     assert moga.PlanError is moga.roles.PlanError and "PlanError" in moga.__all__
+
+
+def test_reproduce_list_loads_no_trainer_sharding_plots_or_stats():
+    """`moga reproduce --list` reads configs and cached costs: the engine's checkpoint machinery, FSDP (and the
+    DTensor and sympy under both), matplotlib and scipy.stats load on first use, not for a listing (issue 37:
+    under 2 s of CPU on a 2-core machine; 3 s when they loaded)."""
+    code = ("import sys; from moga.cli import main; sys.argv = ['moga', 'reproduce', '--list']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(sorted(sys.modules)))")
+    # the first listing on a machine builds each cell's model on the meta device for its cost (HF's included) and
+    # caches it; the second reads the cache
+    subprocess.run([sys.executable, "-m", "moga", "reproduce", "--list"], capture_output=True, check=True)
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = loaded.strip().splitlines()[-1].split()
+    heavy = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor", "sympy",
+             "matplotlib", "scipy.stats", "transformers", "moga.train.engine")
+    assert not [m for m in loaded if m.startswith(heavy)]

@@ -29,7 +29,7 @@ from moga.status import DONE, Status
 from moga.sweep.owners import new_owner
 from moga.sweep.spec import Sweep, SweepError, SweepSpec, canonical
 from moga.sweep.store import SweepStore
-from moga.train import run
+import moga.train as training  # its engine loads with the first cell, not with the module
 
 HEARTBEAT_SECONDS = 2.0
 IDLE_POLL_SECONDS = 1.0
@@ -105,7 +105,7 @@ def smaller_lr_diverged(store: SweepStore, sweep: Sweep, params: dict) -> bool:
 
 
 def train_cell(config, run_dir: Path) -> dict:
-    return run(config, run_dir, quiet=True)
+    return training.run(config, run_dir, quiet=True)
 
 
 def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid: int | None = None,

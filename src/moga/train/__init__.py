@@ -14,10 +14,21 @@ with needs_cli_extra("moga.train"):  # yaml, pydantic: `python -m moga.train` sa
     from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from .config import ConfigError, RunConfig, apply_overrides, build_config, load_config
     from .hashing import config_diff, config_hash
-    from .engine import DIVERGED, FINISHED, STOPPED, Trainer, read_result, run
-    from .lr_range import lr_range_test
     from .metrics import read_metrics
     from .schedule import Schedule, build_schedule
+
+# The engine (and torch.distributed.checkpoint under it) loads on first use: a command that only reads configs,
+# such as `moga reproduce --list`, does not pay for it.
+_LAZY = {"DIVERGED": "engine", "FINISHED": "engine", "STOPPED": "engine", "Trainer": "engine",
+         "read_result": "engine", "run": "engine", "lr_range_test": "lr_range"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'moga.train' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
 
 
 __all__ = [

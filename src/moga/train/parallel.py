@@ -22,10 +22,10 @@ processes matched one process to 1e-8 relative in the loss over 30 steps.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -39,6 +39,10 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 def shard_model(model: nn.Module, precision: str = "fp32", offload: bool = False) -> nn.Module:
     """``fully_shard`` each block, then the root, over all processes (a 1-D mesh); returns the model.
     ``offload`` keeps the shards in CPU memory between uses (``CPUOffloadPolicy``, pinned where CUDA is)."""
+    # here, not at the top: torch.distributed.fsdp pulls in DTensor and sympy, a third of a second for every
+    # command that imports the trainer and shards nothing
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
     dtype = PRECISIONS[precision]
     kwargs = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None),
                   offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy())
@@ -58,7 +62,8 @@ def autocast(precision: str, device: torch.device):
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported yet: nothing can have been sharded
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def gradient_sync(model: nn.Module, last_micro_batch: bool):

@@ -23,7 +23,6 @@ import itertools
 import math
 
 import numpy as np
-from scipy import stats
 
 from moga.experiments.smoothness.report import spearman
 from moga.verdicts import FAILED, HELD, INCONCLUSIVE, NOT_MEASURED
@@ -47,6 +46,8 @@ def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, 
         return point, min(values), max(values)
     if n < 2:
         return point, -math.inf, math.inf
+    from scipy import stats  # here: scipy.stats costs every command that imports this module half a second
+
     half = stats.t.ppf(0.5 + level / 2, n - 1) * float(np.std(values, ddof=1)) / math.sqrt(n)
     return point, point - half, point + half
 

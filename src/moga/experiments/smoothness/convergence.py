@@ -45,7 +45,8 @@ from moga.experiments.smoothness.plots import plot_curves
 from moga.experiments.smoothness.report import fmt, table, write_outputs
 from moga.smoothness import BlockGeometry, smoothness
 from moga.status import Status
-from moga.train import build_config, lr_range_test, read_metrics, run
+import moga.train as training  # its engine loads when a run starts, not when a listing reads the settings
+from moga.train import build_config, read_metrics
 from moga.train.build import build_model, build_optimizer
 from moga.train.tasks import build_task
 
@@ -74,7 +75,7 @@ def _run(cfg: dict, out: Path, log) -> dict:
     """Train (or read back) one run; its result with the training curve of metrics.jsonl."""
     run_dir = out / "runs" / f"{cfg['name']}-{build_config(cfg).hash()[:8]}"  # other settings, other directory
     start = time.perf_counter()
-    result = run(cfg, run_dir, quiet=True)
+    result = training.run(cfg, run_dir, quiet=True)
     train = read_metrics(run_dir / "metrics.jsonl", "train")
     diag = read_metrics(run_dir / "metrics.jsonl", "diagnostics")
     log(f"{cfg['name']}: {result['status']}, final train loss {fmt(result['final_train_loss'])} "
@@ -92,7 +93,7 @@ def _range(cfg: dict, out: Path, s: dict, log) -> dict:
     """The lr range test of plain gradient descent on this model and data, as the paper ran it (appendix D):
     every rate trains the same initial model for ``range_steps`` steps (restart mode). A single sweep is
     misled by the long plateau of the deeper shared-weights nets: its steepest point lands near divergence."""
-    r = lr_range_test({**cfg, "optim": {"name": "sgd"}}, out / "lr_range" / cfg["name"], lr_min=s["range_lr_min"],
+    r = training.lr_range_test({**cfg, "optim": {"name": "sgd"}}, out / "lr_range" / cfg["name"], lr_min=s["range_lr_min"],
                       lr_max=s["range_lr_max"], mode="restart", num_lrs=s["range_lrs"],
                       steps_per_lr=s["range_steps"])
     log(f"lr range {cfg['name']}: steepest {fmt(r['suggestion']['steepest'])}, "

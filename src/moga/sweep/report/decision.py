@@ -41,7 +41,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
 
 from moga.sweep.report.curves import Curve
 from moga.verdicts import DOES_NOT_TRANSFER, INCONCLUSIVE, TRANSFERS
@@ -114,6 +113,8 @@ def fit(x: np.ndarray, y: np.ndarray) -> FittedCurves:
 
 def widening(n: int, level: float) -> float:
     """Factor on a bootstrap deviation of a mean of ``n`` seeds that turns its plug-in spread into Student's."""
+    from scipy import stats  # here: scipy.stats costs every command that imports the report half a second
+
     z = stats.norm.ppf(0.5 + level / 2)
     return math.sqrt(n / (n - 1)) * stats.t.ppf(0.5 + level / 2, n - 1) / z
 

@@ -12,17 +12,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: never needs a display
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.transforms import blended_transform_factory  # noqa: E402
-
-from moga.files import save_figure  # noqa: E402
-from moga.sweep.report.summary import PanelSummary  # noqa: E402
-from moga.sweep.report.schema import scale_label  # noqa: E402
+from moga.files import save_figure
+from moga.sweep.report.summary import PanelSummary
+from moga.sweep.report.schema import scale_label
 
 METRIC_LABELS = {"train_loss": "final training loss", "val_loss": "final validation loss"}
 DATA_TOP = 0.85  # share of the panel height for the data; the strip above holds the diverged marks
@@ -35,6 +27,7 @@ def plot_panels(summaries: Sequence[PanelSummary], path_stem: str | Path,
         return []
     layout = _layout(summaries)
     nrows, ncols = max(r for r, _ in layout) + 1, max(c for _, c in layout) + 1
+    plt = pyplot()
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.6 * nrows), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
@@ -66,8 +59,22 @@ def _layout(summaries: Sequence[PanelSummary]) -> list[tuple[int, int]]:
     return [divmod(i, ncols) for i in range(len(summaries))]
 
 
+def pyplot():
+    """matplotlib's pyplot on the file-only backend, imported when a figure is drawn (it costs a command that
+    draws none, such as ``moga reproduce --list``, a third of a second)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def draw_panel(ax, s: PanelSummary) -> None:
-    cmap = plt.get_cmap("viridis")
+    from matplotlib.lines import Line2D
+    from matplotlib.transforms import blended_transform_factory
+
+    cmap = pyplot().get_cmap("viridis")
     n = len(s.curves)
     top_strip = blended_transform_factory(ax.transData, ax.transAxes)
     finite = [v for c in s.curves for v in (*c.loss, *(x for x in c.loss_max if x is not None)) if math.isfinite(v)]

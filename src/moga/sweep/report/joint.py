@@ -21,16 +21,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")  # files only: never needs a display
-
-import matplotlib.pyplot as plt  # noqa: E402
-
-from moga.files import save_figure  # noqa: E402
+from moga.files import save_figure
 from moga.sweep.report.curves import build_curve, make_grid
 from moga.sweep.report.decision import Decision, decide_transfer
+from moga.sweep.report.figures import pyplot
 from moga.sweep.report.metrics import GROUP_KEYS, transfer_regrets
 from moga.sweep.report.schema import SweepRecord, format_lr, parse_records
 from moga.sweep.report.summary import json_safe
@@ -149,6 +145,7 @@ def plot_regret_map(summary: JointSummary, path: str | Path, max_regret: float =
         v = summary.regret.get(p)
         if v is not None:
             grid[ys.index(p[1]), xs.index(p[0])] = min(100 * v, 100.0) if math.isfinite(v) else 100.0
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.2 * len(xs) + 2.5, 0.9 * len(ys) + 2))
     image = ax.imshow(grid, origin="lower", cmap="RdYlGn_r", vmin=0, vmax=max(10 * 100 * max_regret, 1e-9))
     for p in summary.pairs:
