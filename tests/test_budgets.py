@@ -25,7 +25,7 @@ LONG_FUNCTIONS = {  # module:function -> why it may pass FUNCTION_LINES for now
     "experiments/smoothness/convergence.py:convergence_experiment": "the experiment's loop; to split",
     "sweep/report/decision.py:decide_transfer": "the transfer verdict's cases, one after another",
     "train/engine.py:Trainer._loop": "62 lines with the alignment record (gap, merged in the same turn); to split",
-    "experiments/tune/plan.py:plan": "moga tune (merged in the same turn): the proxy ladder; to split",
+    "experiments/tune/plan.py:plan_tuning": "moga tune (merged in the same turn): the proxy ladder; to split",
     "experiments/tune/run.py:tune": "moga tune (merged in the same turn): its loop over proxies; to split",
     "experiments/tune/run.py:judge": "moga tune (merged in the same turn): the decision's cases; to split",
 }
@@ -34,25 +34,8 @@ WRAPPERS = {
     "main": "moga/__main__.py's main wraps cli.main (it checks the cli extra first); sweep/worker.py's is the "
             "`python -m moga.sweep.worker` entry point",
 }
-SHARED_NAMES = {  # name -> why two functions still share it (in code other changes of this turn are editing)
-    "_bounds": "sweep/report", "_interval": "sweep/report and experiments/reproduce",
-    "_iv": "sweep/report", "_pct": "sweep/report and experiments/reproduce", "_steps": "sweep/report",
-    "_where": "experiments/reproduce", "describe": "experiments/reproduce",
-    "format_lr": "sweep/report and sweep/results", "_run": "depth and experiments/smoothness",
-    "_ratio": "experiments/reproduce, bench and smoothness",
-    "build_model": "models (by name) and train (from a config)", "table": "experiments",
-    "train": "experiments/smoothness and train/cli", "trend": "experiments",
-    "update_readme": "experiments/demo and reproduce", "write_outputs": "experiments/smoothness and sweep/report",
+SHARED_NAMES = {  # name -> why two functions still share it
     "__getattr__": "the lazy imports of moga/__init__.py and cli.py (PEP 562: the name is the protocol)",
-    "judge": "experiments/reproduce/quality and experiments/tune (tune merged in the same turn)",
-    "measure": "experiments/tune and smoothness (tune merged in the same turn)",
-    "plan": "experiments/tune and kernels/coverage (tune merged in the same turn)",
-    "_named": "experiments/reproduce/transfer.py (pin, merged in the same turn) and sweep/report/summary.py",
-    # the gap-width reproduction and the alignment diagnostic (gap, merged in the same turn)
-    "verdict_fields": "experiments/reproduce/gap.py and transfer.py", "rejudge": "experiments/reproduce/gap.py and run.py",
-    "_describe": "experiments/reproduce/gap.py and train/config.py", "_num": "experiments/reproduce/gap.py and "
-    "sweep/report/document.py",
-    "_mean": "experiments/reproduce/quality.py and smoothness/alignment.py",
 }
 
 

@@ -6,10 +6,11 @@ import sqlite3
 import pytest
 
 from moga.experiments.reproduce.catalog import data_inputs
-from moga.experiments.demo import FULL_TIME, QUICK_TIME, README_END, README_START, demo_sweep, run_demo, update_readme
+from moga.experiments.demo import (FULL_TIME, QUICK_TIME, README_END, README_START, demo_sweep, run_demo,
+                                   update_demo_readme)
 from moga.sweep.spec import Sweep, SweepError, arm_label, cell_id
 from moga.sweep.store import SweepStore
-from moga.train.build import build_model, build_optimizer
+from moga.train.build import build_optimizer, model_from_config
 
 
 def test_full_demo_grid_has_the_depth_paper_structure():
@@ -58,7 +59,7 @@ def test_every_muon_cell_of_the_demo_runs_the_papers_muon_and_keeps_its_id(quick
     assert muon_cells == len(sweep.cells) // 3
     assert arms == {"adamw", "muon (moga preset)", "moga (default preset)"}
     config = sweep.config(next(c for c in sweep.cells if c["optim.name"] == "muon"))
-    assert build_optimizer(config, build_model(config, data_inputs(config)[0])).preset == "moga"
+    assert build_optimizer(config, model_from_config(config, data_inputs(config)[0])).preset == "moga"
     assert [cell_id(c) for c in sweep.cells] == [cell_id(c) for c in Sweep.from_dict(_previous_demo(quick)).cells]
 
 
@@ -89,7 +90,7 @@ def test_quick_demo_runs_and_reports(tmp_path):
 
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_START}\nold\n{README_END}\nrest\n")
-    update_readme(readme, result["report"], tmp_path / "docs", "moga demo --quick", result["arms"])
+    update_demo_readme(readme, result["report"], tmp_path / "docs", "moga demo --quick", result["arms"])
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro") and text.endswith("rest\n")
     assert "![final training loss" in text and (tmp_path / "docs" / "demo_train_loss.png").is_file()

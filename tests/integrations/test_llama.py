@@ -7,13 +7,13 @@ transformers = pytest.importorskip("transformers", reason="the [hf] extra is not
 
 from moga.optim import MOGA  # noqa: E402
 from moga.train import build_config  # noqa: E402
-from moga.train.build import build_model  # noqa: E402
+from moga.train.build import model_from_config  # noqa: E402
 
 
 def test_a_config_builds_an_unmodified_llama_with_gpt_size_keys():
     cfg = build_config({"model": {"name": "moga.integrations.llama:llama", "n_layer": 2, "n_embd": 128},
                         "data": {"name": "text", "block_size": 16}, "train": {"steps": 1}})
-    model = build_model(cfg, {"vocab_size": 65, "block_size": 16})
+    model = model_from_config(cfg, {"vocab_size": 65, "block_size": 16})
     inner = model.model
     assert type(inner) is transformers.LlamaForCausalLM
     c = inner.config

@@ -172,7 +172,7 @@ def test_no_import_allows_only_registered_models_even_inside_moga(tmp_path, monk
     assert out.exit_code == 2 and "refused" in out.output and "residual_mlp" in out.output, out.output
     assert not target.exists()
     monkeypatch.setenv("MOGA_NO_IMPORT", "1")
-    for name in ("moga.train.checkpoint:save_checkpoint", "moga:__version__", "moga.models:build_model"):
+    for name in ("moga.train.checkpoint:save_checkpoint", "moga:__version__", "moga.models:model_from_config"):
         with pytest.raises(ConfigError, match="refused"):
             model_kwargs(build_config(tiny(model={"name": name})))
     from moga.models import GPT, CifarResNet
@@ -242,10 +242,10 @@ def test_a_saved_config_builds_the_same_task(tmp_path):
 def test_fused_is_torchs_own_switch_and_leaves_old_hashes_alone():
     import torch
 
-    from moga.train.build import build_model, build_optimizer
+    from moga.train.build import build_optimizer, model_from_config
 
     cfg = build_config(tiny(optim={"name": "adamw", "fused": True}))
-    opt = build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    opt = build_optimizer(cfg, model_from_config(cfg, {"in_features": 4, "out_features": 3}))
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
     assert build_config(tiny(optim={"name": "adamw", "fused": None})).hash() == build_config(tiny(optim={"name": "adamw"})).hash()
     with pytest.raises(ConfigError, match="fused does not apply to optimizer moga"):
@@ -263,10 +263,10 @@ def test_offload_needs_fsdp_and_changes_no_hash():
 
 
 def test_lr_multipliers_reach_the_optimizer_and_leave_old_hashes_alone():
-    from moga.train.build import build_model, build_optimizer
+    from moga.train.build import build_optimizer, model_from_config
 
     cfg = build_config(tiny(optim={"name": "muon", "lr": 0.02, "lr_multipliers": {"readout": 0.5, "vector": 4}}))
-    opt = build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    opt = build_optimizer(cfg, model_from_config(cfg, {"in_features": 4, "out_features": 3}))
     lrs = {g["role"]: g["lr"] for g in opt.param_groups}
     assert lrs == {"input": 0.02, "hidden": 0.02, "readout": 0.01, "vector": 0.08}
     assert build_config(tiny(optim={"lr_multipliers": None})).hash() == build_config(tiny()).hash()
@@ -284,12 +284,12 @@ def test_a_preset_reaches_the_optimizer_and_hashes_by_what_it_runs(monkeypatch):
     groups, and a bad name is a config error listing the presets. The hash follows the multipliers, not the
     name: paper and default hash alike while they are the same, and apart once the default has its own."""
     from moga.optim.multipliers import PAPER, PRESETS, Preset
-    from moga.train.build import build_model, build_optimizer
+    from moga.train.build import build_optimizer, model_from_config
 
     cfg = build_config(tiny(optim={"preset": "paper"}))
-    opt = build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    opt = build_optimizer(cfg, model_from_config(cfg, {"in_features": 4, "out_features": 3}))
     assert opt.preset == "paper" and {g["preset"] for g in opt.param_groups} == {"paper"}
-    assert build_optimizer(*(lambda c: (c, build_model(c, {"in_features": 4, "out_features": 3})))(
+    assert build_optimizer(*(lambda c: (c, model_from_config(c, {"in_features": 4, "out_features": 3})))(
         build_config(tiny()))).preset == "default"
     for name in ("adamw", "muon"):
         build_config(tiny(optim={"name": name, "preset": "paper"}))
@@ -307,10 +307,10 @@ def test_a_preset_reaches_the_optimizer_and_hashes_by_what_it_runs(monkeypatch):
 
 
 def optimizer_of(optim: dict):
-    from moga.train.build import build_model, build_optimizer
+    from moga.train.build import build_optimizer, model_from_config
 
     cfg = build_config(tiny(optim=optim))
-    return build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    return build_optimizer(cfg, model_from_config(cfg, {"in_features": 4, "out_features": 3}))
 
 
 def test_an_unset_nesterov_is_the_presets_for_moga_and_each_optimizers_own_default_for_the_others():
@@ -413,10 +413,10 @@ def test_a_run_with_lr_multipliers_logs_the_base_lr(tmp_path):
 
 
 def test_role_geometries_reach_the_plan_and_bad_specs_are_config_errors():
-    from moga.train.build import build_model, build_optimizer
+    from moga.train.build import build_optimizer, model_from_config
 
     cfg = build_config(tiny(optim={"geometries": {"readout": "adam:sign"}, "matrices": "col(q=2)"}))
-    opt = build_optimizer(cfg, build_model(cfg, {"in_features": 4, "out_features": 3}))
+    opt = build_optimizer(cfg, model_from_config(cfg, {"in_features": 4, "out_features": 3}))
     by_role = {e.role: (e.geometry, e.update) for e in opt.plan}
     assert by_role["readout"] == ("sign", "adam") and by_role["hidden"] == ("col(q=2)", "lmo")
     with pytest.raises(ConfigError, match="optim.geometries: unknown geometry 'bogus'"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moga.train import load_config
-from moga.train.build import build_model, build_optimizer
+from moga.train.build import build_optimizer, model_from_config
 from tests.conftest import corpus_text
 
 NAMES = ("fashion_mnist_residual_mlp_moga", "shakespeare_char_gpt", "cifar10_narrow_resnet",
@@ -42,7 +42,7 @@ def test_example_config_lowers_the_loss_in_a_few_steps(path):
     cfg = load_config(path)
     torch.manual_seed(cfg.seed)
     inputs = dict(DATA_INPUTS, in_features=3072 if cfg.data.name == "cifar10" else 784)
-    model = build_model(cfg, inputs)
+    model = model_from_config(cfg, inputs)
     optimizer = build_optimizer(cfg, model)
     if cfg.model.depth_scaling == "inverse_depth":
         assert model.alpha == pytest.approx(cfg.model.k_base / model.depth)

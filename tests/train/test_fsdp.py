@@ -24,7 +24,7 @@ import torch
 from moga.train import CheckpointError, ConfigError, build_config, read_metrics, run
 from moga.filelock import writer_lock
 from moga.train import distributed
-from moga.train.build import build_model
+from moga.train.build import model_from_config
 from moga.train.engine import LOCK
 from moga.train.sharded_checkpoint import DIRECTORY, consolidate, find_sharded, load_sharded
 from moga.train.tasks import build_task
@@ -167,7 +167,7 @@ def test_every_model_trains_sharded(two, one, corpus, name):
     assert losses(two[name]) == pytest.approx(losses(one[name]), rel=1e-5)
     assert max_weight_difference(two[name], one[name]) < 1e-5
     cfg = build_config(configs(corpus / "corpus.txt")[name])
-    full = build_model(cfg, build_task(cfg).model_inputs).state_dict()
+    full = model_from_config(cfg, build_task(cfg).model_inputs).state_dict()
     saved = consolidate(two[name] / DIRECTORY)["model"]
     assert {k: v.shape for k, v in saved.items() if torch.is_tensor(v)} == {
         k: v.shape for k, v in full.items() if torch.is_tensor(v)}
@@ -182,7 +182,7 @@ def test_a_two_process_checkpoint_loads_on_one(two, corpus):
         from moga.train.build import build_optimizer
         from moga.train.parallel import shard_model
 
-        model = shard_model(build_model(cfg, build_task(cfg).model_inputs))
+        model = shard_model(model_from_config(cfg, build_task(cfg).model_inputs))
         optimizer = build_optimizer(cfg, model)
         load_sharded(snapshot / DIRECTORY, model, optimizer)
         loaded = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}

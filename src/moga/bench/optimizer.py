@@ -274,7 +274,7 @@ def default_names(device: str = "cpu", full: bool = False) -> tuple[list[str], s
     return [n for n in OPTIMIZERS if n not in skipped], note
 
 
-def _ratio(record: dict, base: dict) -> tuple[float, list[float] | None]:
+def _timing_ratio(record: dict, base: dict) -> tuple[float, list[float] | None]:
     """Median over rounds of the ratio within a round (side by side), and its quartiles over the rounds
     (None with fewer than 2 rounds); the medians' ratio without rounds."""
     within = [t / b for t, b in zip(record.get("ms_rounds", []), base.get("ms_rounds", []))]
@@ -298,10 +298,10 @@ def add_ratios(records: list[dict], baseline: str = "torch-adamw-fused") -> list
     base = by_name.get(baseline)
     for r in records:
         if base is not None:
-            r["ms_vs_adamw_fused"], r["ms_vs_adamw_fused_iqr"] = _ratio(r, base)
+            r["ms_vs_adamw_fused"], r["ms_vs_adamw_fused_iqr"] = _timing_ratio(r, base)
             r["state_vs_adamw"] = r["state_bytes"] / max(base["state_bytes"], 1)
         peer = _peer(r, records, by_name)
         if peer is not None:
             r["peer"] = peer["name"]
-            r["ms_vs_peer"], r["ms_vs_peer_iqr"] = _ratio(r, peer)
+            r["ms_vs_peer"], r["ms_vs_peer_iqr"] = _timing_ratio(r, peer)
     return records

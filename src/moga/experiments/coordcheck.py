@@ -271,7 +271,7 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
-def trend(value: float, tolerance: float) -> str:
+def coord_trend(value: float, tolerance: float) -> str:
     if abs(value) <= tolerance:
         return "flat"
     return "grows" if value > 0 or not math.isfinite(value) else "vanishes"
@@ -301,7 +301,7 @@ class LayerVerdict:
     verdict: str
 
     def parts(self) -> dict[str, str]:
-        return {"init": trend(self.init, self.tolerance), "optimizer": trend(self.update, self.tolerance)}
+        return {"init": coord_trend(self.init, self.tolerance), "optimizer": coord_trend(self.update, self.tolerance)}
 
     def line(self, name_width: int = 28) -> str:
         p = self.parts()
@@ -327,10 +327,10 @@ def verdicts(records: list[Record], tolerance: float = 0.1) -> list[LayerVerdict
         stepped = [(abs(v) if math.isfinite(v) else math.inf, v, s) for s, v in zip(steps, slopes["gain"]) if s > 0]
         _, update, at_step = max(stepped) if stepped else (0.0, 0.0, 0)
         role = rs[0].role
-        init_trend = trend(init, tolerance)
+        init_trend = coord_trend(init, tolerance)
         faults = [part for part, bad in (
             ("init", init_trend == "grows" or (init_trend == "vanishes" and role != "readout")),
-            ("optimizer", trend(update, tolerance) != "flat")) if bad]
+            ("optimizer", coord_trend(update, tolerance) != "flat")) if bad]
         out.append(LayerVerdict(optimizer, depth, layer, role, slopes, init, update, at_step, tolerance,
                                 " and ".join(faults) or "flat"))
     return out

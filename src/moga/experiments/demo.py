@@ -113,7 +113,7 @@ def run_demo(out: Path, quick: bool = False, workers: int = 2, data: str | None 
 README_START, README_END = "<!-- demo:start -->", "<!-- demo:end -->"
 
 
-def update_readme(readme: Path, report_dir: Path, figure_dir: Path, command: str,
+def update_demo_readme(readme: Path, report_dir: Path, figure_dir: Path, command: str,
                   arms: dict[str, str] | None = None) -> None:
     """Replace the README's demo section with this run's figure and verdicts, each optimizer named by its arm
     (``arms``: {optimizer: :func:`moga.sweep.spec.arm_label`}, e.g. "muon (moga preset)")."""
@@ -160,7 +160,7 @@ def demo_command(
                           max_seeds=max_seeds)
         if readme is not None:
             command = "moga demo" + (" --quick" if quick else "")
-            update_readme(readme, result["report"], readme.parent / "docs", command, result["arms"])
+            update_demo_readme(readme, result["report"], readme.parent / "docs", command, result["arms"])
     # a damaged store (SweepError), a busy directory, a planted symlink (OSError), a README without its section
     except (ValueError, RuntimeError, OSError) as e:
         typer.echo(f"error: {e}", err=True)

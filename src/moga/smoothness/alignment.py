@@ -64,10 +64,10 @@ def hidden_alignment(optimizer, role: str = "hidden", buffer: str = "momentum_bu
             for mat in resolve_layout(group.get("layout"), buf).to_matrix(buf):
                 layers.append({"shape": list(mat.shape), **row_polar_alignment(mat, dtype)})
     keys = ("gram_dominance", "gram_coherence", "cosine")
-    means = {k: _mean([r[k] for r in layers]) for k in keys}
+    means = {k: _finite_mean([r[k] for r in layers]) for k in keys}
     return {**means, "matrices": len(layers), "layers": layers}
 
 
-def _mean(values: list[float]) -> float:
+def _finite_mean(values: list[float]) -> float:
     finite = [v for v in values if math.isfinite(v)]
     return sum(finite) / len(finite) if finite else math.nan

@@ -44,9 +44,12 @@ def records(store: SweepStore) -> list[dict]:
     return out
 
 
-def format_lr(lr: float) -> str:
-    k = math.log2(lr) if lr > 0 else math.nan
-    return f"2^{int(k)}" if math.isfinite(k) and k == int(k) else f"{lr:.3g}"
+def format_lr(lr: float | None) -> str:
+    """2^-4 on a power-of-two grid, 3 significant digits otherwise (0 and negative rates too); n/a for none."""
+    if lr is None or not math.isfinite(lr):
+        return "n/a"
+    k = round(math.log2(lr)) if lr > 0 else None
+    return f"2^{k}" if k is not None and abs(math.log2(lr) - k) < 1e-9 else f"{lr:.3g}"
 
 
 def status_table(store: SweepStore, lr_key: str, metric: str = "final_train_loss"):

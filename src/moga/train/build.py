@@ -96,7 +96,7 @@ def model_kwargs(cfg: RunConfig, data_inputs: dict | None = None) -> dict:
     return kwargs
 
 
-def build_model(cfg: RunConfig, data_inputs: dict | None = None, scale_depth: bool = True) -> nn.Module:
+def model_from_config(cfg: RunConfig, data_inputs: dict | None = None, scale_depth: bool = True) -> nn.Module:
     """The configured model, its residual branches scaled (``scale_depth=False``: unscaled, the same
     parameters, for counting them without the probe forwards)."""
     m = cfg.model

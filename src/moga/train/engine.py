@@ -41,7 +41,7 @@ from moga.status import Status
 
 from . import distributed, parallel, sharded_checkpoint as sharded
 from .branch import branch_state, check_branch_schedule
-from .build import build_model, build_optimizer
+from .build import build_optimizer, model_from_config
 from .checkpoint import (
     DATA_FINGERPRINT, CheckpointError, check_data, load_checkpoint, refuse_directory, rng_state, save_checkpoint,
     set_rng_state
@@ -151,7 +151,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
-        self.model = build_model(cfg, self.task.model_inputs).to(d.device)
+        self.model = model_from_config(cfg, self.task.model_inputs).to(d.device)
         if self.fsdp:  # before the optimizer, which must see the sharded parameters
             parallel.shard_model(self.model, cfg.train.precision, cfg.train.offload)
         self.optimizer = build_optimizer(cfg, self.model)

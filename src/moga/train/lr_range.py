@@ -21,7 +21,7 @@ import torch
 from moga.files import save_figure, write_json
 from moga.optim.multipliers import base_lr
 
-from .build import build_model, build_optimizer
+from .build import build_optimizer, model_from_config
 from .config import RunConfig, as_config
 from .tasks import build_task
 
@@ -101,7 +101,7 @@ def lr_range_test(config: RunConfig | dict | str | Path, out_dir: str | Path, *,
     out.mkdir(parents=True, exist_ok=True)
     task = build_task(cfg)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, task.model_inputs)
+    model = model_from_config(cfg, task.model_inputs)
     optimizer = build_optimizer(cfg, model)
     accum = cfg.train.grad_accum
     if mode == "sweep":

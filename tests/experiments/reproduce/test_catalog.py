@@ -10,7 +10,7 @@ import torch
 
 from moga.experiments.reproduce.catalog import SCALES, catalog, cell_cost, data_inputs, get, merge
 from moga.sweep.spec import arm_label
-from moga.train.build import build_model, build_optimizer
+from moga.train.build import build_optimizer, model_from_config
 
 NAMES = ["depth-mlp", "depth-gpt", "depth-resnet", "width-gpt", "width-mlp", "race", "convergence", "joint", "quality",
          "gap-width", "tune"]
@@ -43,7 +43,7 @@ def test_every_cell_of_every_grid_builds_its_model_and_optimizer(scale):
                 config = build_config(merge(copy.deepcopy(s["base"]), {"model": {**target["model"],
                                                                                  "depth_scaling": "none"}}))
                 with torch.device("meta"):
-                    build_optimizer(config, build_model(config, data_inputs(config)[0]))
+                    build_optimizer(config, model_from_config(config, data_inputs(config)[0]))
             continue
         sweep = rep.sweep(scale)  # expands the grid and validates every cell's config
         models, optimizers = {}, set()
@@ -52,7 +52,7 @@ def test_every_cell_of_every_grid_builds_its_model_and_optimizer(scale):
             key = config.model.model_dump_json()
             if key not in models:
                 with torch.device("meta"):
-                    models[key] = build_model(config, data_inputs(config)[0])
+                    models[key] = model_from_config(config, data_inputs(config)[0])
             optim = config.optim.model_dump_json(exclude={"lr"})
             if optim not in optimizers:
                 optimizers.add(optim)

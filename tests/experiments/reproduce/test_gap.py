@@ -113,7 +113,7 @@ def test_a_best_rate_on_the_narrow_grids_edge_widens_it_until_it_is_inside(tmp_p
 def test_the_slope_of_the_gap_against_log2_width_decides(tmp_path, gaps, verdict, outcome):
     optima = {**{(ROW, w): -3 for w in WIDTHS}, **{(ORTH, w): -6 for w in WIDTHS}}
     rep, sweep, _ = staged(tmp_path, optima, floors_with_gaps(gaps))
-    result = gap.judge(rep, sweep, tmp_path)
+    result = gap.judge_gap(rep, sweep, tmp_path)
     panel = result["panels"][0]
     assert panel["verdict"] == verdict and result["outcome"] == outcome
     expected = (gaps[128] - gaps[16]) / 3  # the gaps are linear in log2(width): the fit is exact
@@ -132,11 +132,11 @@ def test_noise_larger_than_the_trend_is_inconclusive_and_a_grid_edge_decides_not
     noisy = parabola(optima, floors_with_gaps(gaps), noise=(0.0, 0.06, -0.06))
     run, _ = fake_run(tmp_path / "noisy", noisy)
     sweep, _ = gap.run_staged(rep, "cpu", None, tmp_path / "noisy", run, min_seeds=3)
-    assert gap.judge(rep, sweep, tmp_path / "noisy")["panels"][0]["verdict"] == "inconclusive"
+    assert gap.judge_gap(rep, sweep, tmp_path / "noisy")["panels"][0]["verdict"] == "inconclusive"
 
     optima[(ORTH, 16)] = -9  # the grid's lowest rate: an optimum that may lie below it
     rep2, sweep2, _ = staged(tmp_path / "edge", optima, floors_with_gaps(gaps))
-    result = gap.judge(rep2, sweep2, tmp_path / "edge")
+    result = gap.judge_gap(rep2, sweep2, tmp_path / "edge")
     assert result["panels"][0]["verdict"] == "no verdict" and result["outcome"] == "undecided"
 
 
@@ -145,7 +145,7 @@ def test_a_store_missing_widths_is_partial_and_never_decides_the_claim(tmp_path)
     rep, sweep, _ = staged(tmp_path, optima, floors_with_gaps({16: 0.12, 32: 0.09, 64: 0.06}),
                            widths=[16, 32, 64])
     full = reproduction()  # the claim names width 128 too: its cells have not run
-    result = gap.judge(full, full.sweep("cpu"), tmp_path)
+    result = gap.judge_gap(full, full.sweep("cpu"), tmp_path)
     assert result["panels"][0]["verdict"] == "closes"  # over the widths that ran
     assert result["outcome"] == "inconclusive" and result["partial"]["missing"] == {"gpt": [128]}
     assert result["key"].startswith("partial")
@@ -160,7 +160,7 @@ def test_its_report_replaces_a_symlink_planted_at_gap_md(tmp_path):
     outside.write_text("precious\n")
     link.parent.mkdir()
     link.symlink_to(outside)
-    gap.judge(rep, sweep, tmp_path / "out")
+    gap.judge_gap(rep, sweep, tmp_path / "out")
     assert outside.read_text() == "precious\n"
     assert not link.is_symlink() and link.read_text().startswith("# gap-test: the gap closes")
 

@@ -57,7 +57,7 @@ def judged(tmp_path, floors: dict, optima: dict, noise=(0.0, 0.0, 0.0), diverge=
     store_losses(tmp_path, sweep, loss)
     rep = Reproduction("quality", "width", "f", "c", "quality",
                        {"quality": {"subject": "moga", "baselines": ["adamw", "muon"], "goal": 0.02}})
-    return quality.judge(rep, sweep, tmp_path, 0.02)
+    return quality.judge_quality(rep, sweep, tmp_path, 0.02)
 
 
 def grid(moga: list[float], adamw: list[float], muon: list[float], moga_optima=(-4, -4, -4)):

@@ -177,11 +177,11 @@ def test_example_configs_build():
     from pathlib import Path
 
     from moga.train import load_config
-    from moga.train.build import build_model, build_optimizer
+    from moga.train.build import build_optimizer, model_from_config
 
     paths = sorted((Path(__file__).resolve().parents[3] / "configs" / "smoothness").glob("*.yaml"))
     assert paths
     for path in paths:
         cfg = load_config(path)
         assert cfg.optim.step_rule == "depth_paper" and cfg.logging.diagnostics_every > 0
-        build_optimizer(cfg, build_model(cfg, {"in_features": 784, "out_features": 10}))
+        build_optimizer(cfg, model_from_config(cfg, {"in_features": 784, "out_features": 10}))

@@ -3,7 +3,7 @@
 import pytest
 
 from moga.experiments.tune.knobs import TuneError
-from moga.experiments.tune.plan import plan, planned_cells, rungs
+from moga.experiments.tune.plan import plan_tuning, planned_cells, rungs
 from moga.experiments.tune.run import prepare
 
 BASE = {"seed": 0, "model": {"name": "gpt", "n_embd": 256, "n_head": 16, "n_layer": 8},
@@ -25,21 +25,21 @@ def test_rungs_halve_the_width_and_the_depth_every_second_rung_keeping_heads_of_
 @pytest.mark.parametrize("budget", [3e11, 1e12, 1e13])
 def test_proxies_are_the_largest_rungs_that_fit_the_budget(budget):
     base, knobs, target = setup()
-    p = plan(base, knobs, target, 6, budget_flops=budget)
+    p = plan_tuning(base, knobs, target, 6, budget_flops=budget)
     cells = planned_cells(6, 3)
     assert p.planned_flops == pytest.approx(sum(s.flops for s in p.proxies) * cells)
     assert p.planned_flops <= budget and 2 <= len(p.proxies) <= 3
     ladder = rungs(target, knobs)
     top = ladder.index((p.proxies[-1].width, p.proxies[-1].depth))
     if top > 0:  # the rung above would not have fit with the one below it
-        bigger = plan(base, knobs, target, 6, budget_flops=1e30, proxies=ladder[top - 1:top + 1])
+        bigger = plan_tuning(base, knobs, target, 6, budget_flops=1e30, proxies=ladder[top - 1:top + 1])
         assert bigger.planned_flops > budget
     assert p.regime == "steps" and all(s.steps == 200 for s in p.proxies)  # 200 steps is far below 20 tokens/param
 
 
 def test_tokens_regime_keeps_tokens_per_parameter():
     base, knobs, target = setup()
-    p = plan(base, knobs, target, 6, budget_flops=1e30, regime="tokens")
+    p = plan_tuning(base, knobs, target, 6, budget_flops=1e30, regime="tokens")
     tpp = p.target.steps / p.target.params
     for s in p.proxies:
         assert s.steps == pytest.approx(tpp * s.params, abs=1)
@@ -54,11 +54,11 @@ def test_tokens_regime_keeps_tokens_per_parameter():
 def test_bad_budgets_and_proxies_get_one_line(kw, message):
     base, knobs, target = setup()
     with pytest.raises(TuneError, match=message) as e:
-        plan(base, knobs, target, 6, **kw)
+        plan_tuning(base, knobs, target, 6, **kw)
     assert "\n" not in str(e.value)
 
 
 def test_a_target_too_small_for_two_proxies_says_so():
     base, knobs, target = setup(width=32, depth=2)
     with pytest.raises(TuneError, match="too small for two proxies below it"):
-        plan(base, knobs, target, 6, budget_flops=1e15)
+        plan_tuning(base, knobs, target, 6, budget_flops=1e15)

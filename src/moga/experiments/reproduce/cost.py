@@ -27,7 +27,7 @@ from moga.geometry import parse_geometry
 from moga.layout import resolve_layout
 from moga.models import GPT
 from moga.roles import build_plan
-from moga.train.build import build_model
+from moga.train.build import model_from_config
 from moga.train.config import build_config
 
 # Calibrated on `moga demo` (108 residual-MLP runs, 1.4e13 training FLOPs), which took 420 s with 2 workers on
@@ -108,7 +108,7 @@ def _built_cost(config) -> dict:
         config = build_config({**raw, "model": {**raw["model"], "depth_scaling": "none"}})
     try:
         with torch.device("meta"):
-            model = build_model(config, inputs, scale_depth=False)  # the scale's proof costs 5 s a model
+            model = model_from_config(config, inputs, scale_depth=False)  # the scale's proof costs 5 s a model
     except ImportError:  # an optional integration (transformers) is missing: a GPT of the same size stands in
         m = config.model.kwargs
         with torch.device("meta"):

@@ -34,8 +34,8 @@ from moga.experiments.reproduce.clock import FILE, _seconds
 from moga.experiments.reproduce.cost import best_rate_seeds
 from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
 from moga.experiments.reproduce.reproduction import CONFIGS, ReproduceError, read_reproduction
-from moga.experiments.reproduce.quality import (LEVEL, RESAMPLES, _finite, _mean, _same, best_lr, relative_interval,
-                                                seed_losses)
+from moga.experiments.reproduce.quality import (LEVEL, RESAMPLES, _finite, _mean, _pct, _same, best_lr,
+                                                relative_interval, seed_losses)
 from moga.files import write_text
 from moga.sweep.results import records
 from moga.sweep.seeds import stored_include
@@ -173,7 +173,7 @@ def _seeds(out: Path, full: Sweep, width, g: dict, min_seeds: int) -> list[dict]
 
 # --- judging ----------------------------------------------------------------------------------------------
 
-def judge(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
+def judge_gap(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
     """The ``gap`` kind for :func:`moga.experiments.reproduce.run.reproduce` (``max_regret`` is unused);
     ``skip``: widths left out (a stage still running)."""
     g = settings(rep, _scale_of(sweep))
@@ -191,11 +191,11 @@ def judge(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
                 # what the claim names: a store without all of it is partial and decides nothing
                 "expected": {"panels": [json.loads(e) for e in expected],
                              "widths": sorted(sweep.spec.axes[scale_key])}}
-    fields = verdict_fields(cells, analysis)
+    fields = gap_verdict_fields(cells, analysis)
     fields["alignment"] = alignment(store, fields["widths"], cells, analysis)
     report = Path(out) / "report"
     report.mkdir(parents=True, exist_ok=True)
-    write_text(report / "gap.md", f"# {rep.name}: {rep.claim}\n\n" + table(fields) + "\n")  # never through a link
+    write_text(report / "gap.md", f"# {rep.name}: {rep.claim}\n\n" + gap_table(fields) + "\n")  # never through a link
     return {**fields, "analysis": analysis, "cells": cells, "report": str(report / "gap.md")}
 
 
@@ -285,13 +285,13 @@ def _slope(x: list[float], y: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
 
 
-def verdict_fields(cells: list[dict], analysis: dict) -> dict:
+def gap_verdict_fields(cells: list[dict], analysis: dict) -> dict:
     """outcome, key, details, unclaimed, panels and widths of the stored cells (what a recheck recomputes)."""
     widths, panels = analyze_cells(cells, analysis)
     states = [VERDICTS[p["verdict"]] for p in panels]
     outcome = worst_state(states)
     details = [f"[{VERDICTS[p['verdict']]}] {p['title']}: {p['line']}" for p in panels]
-    details += [_describe(w) for w in widths]
+    details += [_width_line(w) for w in widths]
     key = "; ".join(f"{p['title']}: slope {_pct(p['slope'])}/doubling [{_pct(p['slope_low'])}, "
                     f"{_pct(p['slope_high'])}], {p['verdict']}" for p in panels if "slope" in p)
     missing = _missing(widths, analysis)
@@ -325,7 +325,7 @@ def _title(panel: dict, keys) -> str:
     return ", ".join(str(panel[k]).rsplit(":", 1)[-1] for k in keys)
 
 
-def _describe(w: dict) -> str:
+def _width_line(w: dict) -> str:
     where = ", ".join(str(w[k]).rsplit(":", 1)[-1] for k in w if k not in _WIDTH_FIELDS)
     if "gap" not in w:
         return f"{where}, width {w['scale']}: {w.get('note', '')}"
@@ -339,9 +339,9 @@ _WIDTH_FIELDS = {"scale", "gap", "low", "high", "seeds", "note"} | {
     f"{r}_{k}" for r in ("subject", "baseline") for k in ("lr", "lr_on_edge", "rates", "losses", "loss")}
 
 
-def rejudge(outcome: dict) -> dict:
+def rejudge_gap(outcome: dict) -> dict:
     """The verdict fields recomputed from a stored outcome's cells."""
-    return {**outcome, **verdict_fields(outcome["cells"], outcome["analysis"])}
+    return {**outcome, **gap_verdict_fields(outcome["cells"], outcome["analysis"])}
 
 
 def _curves(rep, scale: str, sweep: Sweep, curves: dict) -> dict:
@@ -355,7 +355,7 @@ def _staged(rep, out: Path, args: RunArgs):
     return run_staged(rep, args.scale, args.data, out, lambda sweep: args.run(sweep, out), args.min_seeds)
 
 
-GAP = ClaimKind("gap", judged_sweep(_staged, judge), lambda outcome, expect: rejudge(outcome),
+GAP = ClaimKind("gap", judged_sweep(_staged, judge_gap), lambda outcome, expect: rejudge_gap(outcome),
                 stores=lambda outcome: bool((outcome.get("analysis") or {}).get("gap")),
                 seeds_added=best_rate_seeds, curves=_curves)
 
@@ -389,7 +389,7 @@ def alignment(store: SweepStore, widths: list[dict], cells: list[dict], analysis
 
 # --- tables -----------------------------------------------------------------------------------------------
 
-def table(fields: dict) -> str:
+def gap_table(fields: dict) -> str:
     lines = ["| model | width | row(2) loss (lr) | orthogonalized loss (lr) | gap [95%] | seeds |",
              "|---|---|---|---|---|---|"]
     for w in fields["widths"]:
@@ -411,8 +411,9 @@ def table(fields: dict) -> str:
         for a in fields["alignment"]:
             model = " ".join(str(v).rsplit(":", 1)[-1] for k, v in a.items()
                              if k not in ("scale", "contender", "step", "seeds", "matrices", *ALIGNMENT_KEYS))
-            lines.append(f"| {model} | {a['scale']} | {a['contender']} | {a['step']} | {_num(a['gram_dominance'])} | "
-                         f"{_num(a['gram_coherence'])} | {_num(a['cosine'])} |")
+            lines.append(f"| {model} | {a['scale']} | {a['contender']} | {a['step']} | "
+                         f"{_three_decimals(a['gram_dominance'])} | {_three_decimals(a['gram_coherence'])} | "
+                         f"{_three_decimals(a['cosine'])} |")
     return "\n".join(lines)
 
 
@@ -421,13 +422,7 @@ def _lr(lr: float) -> str:
     return f"2^{int(k)}" if k == int(k) else f"{lr:g}"
 
 
-def _pct(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    return "inf" if math.isinf(x) else f"{100 * x:+.1f}%"
-
-
-def _num(x) -> str:
+def _three_decimals(x) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3f}"
 
 
@@ -443,7 +438,7 @@ def store_outcome(out: Path, scale: str = "cpu", name: str = "gap-width") -> dic
     store = SweepStore(out)
     running = sorted({c["params"][sweep.spec.scale_key] for c in store.cells()  # a stage not yet through
                       if c["status"] in (Status.PENDING, Status.RUNNING)})
-    outcome = judge(rep, sweep, Path(out), skip=running)
+    outcome = judge_gap(rep, sweep, Path(out), skip=running)
     outcome["running"] = running  # beside the verdict fields, which a recheck recomputes from the cells
     counts = store.counts()
     outcome.update(runs={str(k): v for k, v in counts.items() if v}, data=rep.sweep(scale).base["data"].get("name"),
@@ -461,7 +456,7 @@ def cells_outcome(path: Path) -> dict:
     analysis = {"gap": True, "subject": "row(p=2)", "baseline": "spectral", "panel_keys": ["model.name"],
                 "group_keys": ["model.name", "contender"], "scale_key": "model.n_embd", "margin": MARGIN,
                 "contender_key": "optim.geometries.hidden", "expected": raw.get("expected")}
-    fields = verdict_fields(raw["cells"], analysis)
+    fields = gap_verdict_fields(raw["cells"], analysis)
     fields["alignment"] = [{"model.name": c["model.name"], "scale": c["scale"], "contender": c["contender"],
                             "step": raw.get("setup", {}).get("steps"), "seeds": 1, **c["alignment"]}
                            for c in raw["cells"] if c.get("alignment")]
@@ -485,4 +480,4 @@ if __name__ == "__main__":
         raise SystemExit(USAGE)
     if target is not None:
         target.write_text(json.dumps(_finite(result), indent=1) + "\n")
-    print("\n".join([f"{result['outcome'].upper()}: {result['key']}", *result["details"], "", table(result)]))
+    print("\n".join([f"{result['outcome'].upper()}: {result['key']}", *result["details"], "", gap_table(result)]))

@@ -67,9 +67,9 @@ def relative_interval(subject: list[float], baseline: list[float], *, level: flo
                       resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
     """(point, low, high) of ``mean(subject) / mean(baseline) - 1``; the interval resamples the seeds of each
     side independently (a percentile bootstrap). A diverged seed (inf) makes the resamples that draw it inf."""
-    point = _ratio(subject, baseline)
+    point = _relative_change(subject, baseline)
     rng = random.Random(seed)
-    draws = sorted(_ratio(rng.choices(subject, k=len(subject)), rng.choices(baseline, k=len(baseline)))
+    draws = sorted(_relative_change(rng.choices(subject, k=len(subject)), rng.choices(baseline, k=len(baseline)))
                    for _ in range(resamples))
     tail = (1 - level) / 2
     low = draws[max(0, math.floor(tail * resamples))]
@@ -81,7 +81,7 @@ def verdict(low: float, high: float, goal: float = GOAL) -> str:
     return within_goal(low, high, goal)
 
 
-def _ratio(a, b) -> float:
+def _relative_change(a, b) -> float:
     ma, mb = _mean(a), _mean(b)
     if math.isinf(ma):
         return math.inf
@@ -161,7 +161,7 @@ def claim_outcome(cells: list[dict]) -> str:
     return FAILED if FAILED in states else HELD if all(s == HELD for s in states) else UNDECIDED
 
 
-def judge(rep, sweep, out: Path, max_regret: float) -> dict:
+def judge_quality(rep, sweep, out: Path, max_regret: float) -> dict:
     """The ``quality`` kind for :func:`moga.experiments.reproduce.run.reproduce` (``max_regret`` is unused: the
     goal is the config's ``quality.goal``)."""
     q = rep.raw["quality"]
@@ -175,8 +175,9 @@ def judge(rep, sweep, out: Path, max_regret: float) -> dict:
     report = Path(out) / "report"
     report.mkdir(parents=True, exist_ok=True)
     write_json(report / "quality.json", _finite(cells))
-    lines = [describe(c, q.get("panel_keys", ())) for c in cells]
-    write_text(report / "quality.md", f"# {rep.name}: {rep.claim}\n\n" + table(cells, q.get("panel_keys", ())) + "\n")
+    lines = [describe_cell(c, q.get("panel_keys", ())) for c in cells]
+    write_text(report / "quality.md",
+               f"# {rep.name}: {rep.claim}\n\n" + quality_table(cells, q.get("panel_keys", ())) + "\n")
     judged = [c for c in cells if "relative" in c]
     worst = max(judged, key=lambda c: c["relative"], default=None)
     key = "" if worst is None else (f"worst: {_arm(worst, 'subject')} {_pct(worst['relative'])} "
@@ -186,10 +187,10 @@ def judge(rep, sweep, out: Path, max_regret: float) -> dict:
             "report": str(report / "quality.md")}
 
 
-QUALITY = ClaimKind("quality", judged_sweep(grid_once, judge))  # its grid has its seeds
+QUALITY = ClaimKind("quality", judged_sweep(grid_once, judge_quality))  # its grid has its seeds
 
 
-def describe(c: dict, panel_keys=()) -> str:
+def describe_cell(c: dict, panel_keys=()) -> str:
     where = _where(c, panel_keys)
     if "relative" not in c:
         return f"[{c['outcome']}] {where}: {c.get('note', '')}"
@@ -206,7 +207,7 @@ def _arm(c: dict, side: str) -> str:
     return c.get(f"{side}_arm", c[side])
 
 
-def table(cells: list[dict], panel_keys=()) -> str:
+def quality_table(cells: list[dict], panel_keys=()) -> str:
     lines = ["| where | subject (lr) | best baseline (lr) | relative [95%] | outcome |", "|---|---|---|---|---|"]
     for c in cells:
         if "relative" not in c:
@@ -226,8 +227,11 @@ def _where(c: dict, panel_keys=()) -> str:
     return ", ".join(str(p).rsplit(":", 1)[-1] for p in parts)
 
 
-def _pct(x: float) -> str:
-    return "inf" if math.isinf(x) else "n/a" if math.isnan(x) else f"{100 * x:+.1f}%"
+def _pct(x: float | None) -> str:
+    """A signed relative change, "+1.2%"; "n/a" for NaN or None (how a stored outcome keeps NaN)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return "inf" if math.isinf(x) else f"{100 * x:+.1f}%"
 
 
 def _order(v):
@@ -425,7 +429,8 @@ def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
     cells = compare(rows, subject=names[0], baselines=names, scale_key=spec["scale_key"], lr_key=spec["lr_key"],
                     goal=goal)
     write_json(Path(run_dir) / "transfer.json", _finite(cells))
-    return f"{spec['lr_key']} tuned at width {cells[0]['tuned_at']}, against each width's own best\n" + table(cells)
+    return (f"{spec['lr_key']} tuned at width {cells[0]['tuned_at']}, against each width's own best\n"
+            + quality_table(cells))
 
 
 def versus_report(subject_dir: Path, claim_dir: Path, goal: float = GOAL) -> str:
@@ -452,7 +457,7 @@ def versus_report(subject_dir: Path, claim_dir: Path, goal: float = GOAL) -> str
     cells = compare(mine + theirs, subject=names[0], baselines=sorted({r["optim.name"] for r in theirs}),
                     scale_key=scale_key, budget_key=budget_key, panel_keys=panel_keys, goal=goal)
     write_json(Path(subject_dir) / "versus.json", _finite(cells))
-    return table(cells, panel_keys)
+    return quality_table(cells, panel_keys)
 
 
 USAGE = ("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...] [--baseline RUN_DIR ...]"

@@ -33,6 +33,7 @@ import numpy as np
 from moga.experiments.reproduce.cost import best_rate_seeds, cell_cost
 from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
 from moga.files import write_json
+from moga.sweep.report.decision import bracketed
 from moga.sweep.report.summary import json_safe
 from moga.sweep.seeds import stored_include
 from moga.sweep.spec import arm_label
@@ -40,6 +41,7 @@ from moga.sweep.store import SweepStore
 from moga.verdicts import FAILED, HELD, INCONCLUSIVE, UNDECIDED, worst_state
 
 RESAMPLES = 1000
+_TWO_PLACES = "{:.2f}".format  # the ratios' intervals
 
 
 def _budget_key(sweep) -> str:
@@ -220,8 +222,10 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             state = UNDECIDED if edges else budget_state(r)
             mine[budget] = {**r, "state": state}
             lines.append(f"[{state}] {subject} at {head(budget)} ends at {r['loss']:.4f}; to end there it needs "
-                         f"{_ratio(r['tokens_ratio'], budget, budgets)}{_iv(r['tokens_interval'])} {rival}'s tokens "
-                         f"and {_ratio(r['time_ratio'], None, budgets)}{_iv(r['time_interval'])} its time"
+                         f"{_ratio_text(r['tokens_ratio'], budget, budgets)}"
+                         f"{bracketed(r['tokens_interval'], _TWO_PLACES)} {rival}'s tokens "
+                         f"and {_ratio_text(r['time_ratio'], None, budgets)}"
+                         f"{bracketed(r['time_interval'], _TWO_PLACES)} its time"
                          + (f"; a best lr on the grid's edge ({', '.join(edges)}): extend it"
                             if edges else ""))
         results[subject] = mine
@@ -229,9 +233,10 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             states += [m["state"] for m in mine.values()]
     outcome = worst_state(states)
     claim = results.get(subjects[0], {})
-    key = "; ".join(f"{b} steps: {subjects[0]} {_ratio(r['tokens_ratio'], b, budgets)}{_iv(r['tokens_interval'])} "
-                    f"{rival}'s tokens, {_ratio(r['time_ratio'], None, budgets)}{_iv(r['time_interval'])} its time"
-                    for b, r in claim.items())
+    key = "; ".join(f"{b} steps: {subjects[0]} {_ratio_text(r['tokens_ratio'], b, budgets)}"
+                    f"{bracketed(r['tokens_interval'], _TWO_PLACES)} {rival}'s tokens, "
+                    f"{_ratio_text(r['time_ratio'], None, budgets)}"
+                    f"{bracketed(r['time_interval'], _TWO_PLACES)} its time" for b, r in claim.items())
     if len(claim) >= 2:
         key += f" ({token_trend(claim[budgets[0]], claim[budgets[-1]])})"
     table = {arm: {str(b): {k: best[(arm, b)][k] for k in ("lr", "weight_decay", "loss", "edge", "losses", "seconds")}
@@ -240,7 +245,7 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             "race": {"end_of_run": table, "ratios": {s: {str(b): r for b, r in v.items()} for s, v in results.items()}}}
 
 
-def _ratio(v: float, budget: int | None, budgets: list) -> str:
+def _ratio_text(v: float, budget: int | None, budgets: list) -> str:
     """A ratio; 0 and inf are the open ends: the rival ends above the subject's loss at every budget, or below
     it at every one; a token ratio (``budget`` given) says the bound that gives, under ``budget / largest`` or
     over ``budget / smallest``."""
@@ -251,10 +256,6 @@ def _ratio(v: float, budget: int | None, budgets: list) -> str:
         bound = "" if budget is None else f"over {budget / min(budgets):.2f}x "
         return f"{bound}(the rival ends below it at every budget)"
     return f"{v:.2f}x"
-
-
-def _iv(iv) -> str:
-    return "" if iv is None else f" [{iv[0]:.2f}, {iv[1]:.2f}]"
 
 
 def contender_arms(rep) -> list[str]:

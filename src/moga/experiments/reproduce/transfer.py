@@ -49,7 +49,7 @@ def judge_panels(expect: list[dict], verdicts: list[dict]) -> tuple[str, list[st
         matched = [v for v in verdicts if all(str(v["panel"].get(k)) == str(val) for k, val in e["panel"].items())]
         if not matched:
             states.append(UNDECIDED)
-            lines.append(f"{_where(e['panel'])}: no panel ran (claimed: {e['verdict']})")
+            lines.append(f"{_panel_text(e['panel'])}: no panel ran (claimed: {e['verdict']})")
         for v in matched:
             state = panel_state(e["verdict"], v["verdict"])
             states.append(state)
@@ -59,7 +59,7 @@ def judge_panels(expect: list[dict], verdicts: list[dict]) -> tuple[str, list[st
     return worst_state(states), lines
 
 
-def _where(panel: dict) -> str:
+def _panel_text(panel: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in panel.items())
 
 
@@ -75,9 +75,10 @@ def key_number(expect: list[dict], panels: list[dict]) -> str:
         if scales:
             drift = max(scales, key=lambda s: abs(s["drift_steps"]))
             regret = max(scales, key=lambda s: -1 if s["regret"] is None else s["regret"])
-            text = f"{who}drift {drift['drift_steps']:+.2f} steps{_interval(drift['drift_interval'], '{:+.2f}')}"
+            text = f"{who}drift {drift['drift_steps']:+.2f} steps{_interval_text(drift['drift_interval'], '{:+.2f}')}"
             if regret["regret"] is not None:
-                text += f", worst regret {100 * regret['regret']:.1f}%{_interval(regret['regret_interval'], '{:.1%}')}"
+                text += (f", worst regret {100 * regret['regret']:.1f}%"
+                         f"{_interval_text(regret['regret_interval'], '{:.1%}')}")
             text += f" ({min(s['seeds'] for s in scales)}+ seeds)"
             parts.append(text)
         elif chosen:
@@ -86,7 +87,7 @@ def key_number(expect: list[dict], panels: list[dict]) -> str:
     return "; ".join(parts)
 
 
-def _interval(iv, fmt: str) -> str:
+def _interval_text(iv, fmt: str) -> str:
     if iv is None:
         return ""
     lo, hi = (v if v is not None else math.inf for v in iv)  # null: a diverging resample
@@ -131,7 +132,7 @@ def _transfer(rep: Reproduction, sweep, out: Path, max_regret: float) -> dict:
 def verdict_fields(expect: list[dict], panels: list[dict], arms: dict[str, str] | None = None) -> dict:
     """An outcome's verdict fields (outcome, key, details, unclaimed, panels) from its panels' summaries; ``arms``
     ({optimizer: :func:`moga.sweep.spec.arm_label`}) names in each panel's title which Muon and MOGA ran."""
-    panels = [_named(p, arms or {}) for p in panels]
+    panels = [_arm_titled(p, arms or {}) for p in panels]
     verdicts = [{"panel": p["panel"], "title": p["title"], "verdict": p["verdict"], "line": p["verdict_line"]}
                 for p in panels]
     outcome, lines = judge_panels(expect, verdicts)
@@ -146,7 +147,7 @@ def verdict_fields(expect: list[dict], panels: list[dict], arms: dict[str, str] 
 CELL_KEYS = ("scale", "lr", "seed", "status", "train_loss", "val_loss")
 
 
-def _named(panel: dict, arms: dict[str, str]) -> dict:
+def _arm_titled(panel: dict, arms: dict[str, str]) -> dict:
     """The panel with its title's leading optimizer name replaced by its arm, "muon" -> "muon (moga preset)"."""
     name = panel["panel"].get("optimizer")
     label = arms.get(name)

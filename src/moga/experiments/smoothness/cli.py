@@ -75,7 +75,7 @@ def smoothness_command(
     for name in names:
         # OUT is the experiment's own directory, or with 'all' the parent of one per experiment
         target = out if out is not None and len(names) == 1 else root / name
-        result = _run(name, target, quick, full_block, data)
+        result = _run_experiment(name, target, quick, full_block, data)
         typer.echo(f"== {name}: {result['files']['summary']} ({result.get('seconds')} s)")
         for line in _verdict_lines(Path(result["files"]["summary"])):
             typer.echo(line)
@@ -83,7 +83,7 @@ def smoothness_command(
             typer.echo(json.dumps(result, indent=1))
 
 
-def _run(name: str, out: Path, quick: bool, full_block: bool, data: str | None) -> dict:
+def _run_experiment(name: str, out: Path, quick: bool, full_block: bool, data: str | None) -> dict:
     log = (lambda line: None) if quick else (lambda line: typer.echo(line, err=True))
     try:
         if name == "depth":

@@ -42,12 +42,12 @@ from moga.data.images import locate_image_data
 from moga.experiments.smoothness.checks import (depth_order, depth_text, gain_text, growth_check, growth_text,
                                                 paired_gain, stored_loss)
 from moga.experiments.smoothness.plots import plot_curves
-from moga.experiments.smoothness.report import fmt, table, write_outputs
+from moga.experiments.smoothness.report import fmt, table, write_results
 from moga.smoothness import BlockGeometry, smoothness
 from moga.status import Status
 import moga.train as training  # its engine loads when a run starts, not when a listing reads the settings
 from moga.train import build_config, read_metrics
-from moga.train.build import build_model, build_optimizer
+from moga.train.build import build_optimizer, model_from_config
 from moga.train.tasks import build_task
 
 LOSS_CEILING = 50.0  # cross-entropy starts near log(10) = 2.3: a loss of 50 is a diverged run
@@ -216,14 +216,14 @@ def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[
     result["seconds"] = round(time.perf_counter() - started, 1)
     if panels:
         result["files"] = {"figure": str(plot_curves(panels, out / "convergence.png"))}
-    return write_outputs(out, result, _convergence_summary(result))
+    return write_results(out, result, _convergence_summary(result))
 
 
 def _loss(run: dict) -> float:
     return stored_loss(run["final_train_loss"])
 
 
-def _ratio(a: float | None, b: float | None) -> float:
+def _finite_ratio(a: float | None, b: float | None) -> float:
     a, b = (math.inf if x is None else x for x in (a, b))
     return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
 
@@ -342,7 +342,7 @@ def _convergence_summary(result: dict) -> list[str]:
         lines.append(f"- Adaptive faster than constant ({a['data']}, feedforward L={s['depth']}, width {s['width']}, "
                      f"{a['epochs']} epochs): adaptive final loss {fmt(a['adaptive_final_loss'])}, best constant "
                      f"(lr {fmt(a['best_constant_lr'])}) {fmt(a['best_constant_final_loss'])} "
-                     f"({100 * (_ratio(a['adaptive_final_loss'], a['best_constant_final_loss']) - 1):+.1f}%); "
+                     f"({100 * (_finite_ratio(a['adaptive_final_loss'], a['best_constant_final_loss']) - 1):+.1f}%); "
                      f"{gain_text(a['gain'])}: **{a['verdict']}**.")
     sh = result.get("shared") or {}
     for kind, v in (sh.get("deeper_slower") or {}).items():
@@ -402,7 +402,7 @@ def _measured_smoothness(cfg: dict, s: dict) -> float:
     c = build_config(cfg)
     task = build_task(c)
     torch.manual_seed(c.seed)  # the engine's initial weights
-    net = build_model(c, task.model_inputs)
+    net = model_from_config(c, task.model_inputs)
     block = BlockGeometry.from_optimizer(build_optimizer(c, net))
     net.eval()
     batch = next(iter(task.eval_batches("train", task.micro_batch, 1)))
@@ -453,7 +453,7 @@ def step_rule_experiment(out: str | Path, quick: bool = False, log: Callable[[st
                "curves": [{"label": label, "x": r["curve"]["step"], "y": r["smoothness_L"], "color": "k",
                            "style": style} for (label, r), style in zip(rule_runs.items(), ("-", ":", "--"))]}]
     result["files"] = {"figure": str(plot_curves(panels, out / "steprule.png"))}
-    return write_outputs(out, result, _step_rule_summary(result))
+    return write_results(out, result, _step_rule_summary(result))
 
 
 def _step_rule_summary(result: dict) -> list[str]:

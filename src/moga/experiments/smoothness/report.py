@@ -63,7 +63,7 @@ def table(header: list[str], rows: list[list]) -> list[str]:
     return lines
 
 
-def write_outputs(out: Path, result: dict, summary: list[str]) -> dict:
+def write_results(out: Path, result: dict, summary: list[str]) -> dict:
     """``results.json`` (every number; NaN and inf as JSON's NaN/Infinity) and ``summary.md``."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", result)

@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 from moga.experiments.smoothness.plots import plot_scaling
-from moga.experiments.smoothness.report import FLAT_TOLERANCE, fmt, held, loglog_slope, table, trend, write_outputs
+from moga.experiments.smoothness.report import FLAT_TOLERANCE, fmt, held, loglog_slope, table, trend, write_results
 from moga.smoothness.block import BlockGeometry
 from moga.smoothness.estimates import LOWER_BOUND_NOTE, measure
 from moga.train import build_config
-from moga.train.build import build_model, build_optimizer
+from moga.train.build import build_optimizer, model_from_config
 from moga.train.tasks import build_task
 
 K_BASE = 2.0
@@ -47,7 +47,7 @@ def _setup(model: dict, data: dict, batch_size: int, lr: float, steps: int, seed
                         "train": {"steps": max(steps, 1), "batch_size": batch_size}})
     task = build_task(cfg)
     torch.manual_seed(seed)
-    net = build_model(cfg, task.model_inputs)
+    net = model_from_config(cfg, task.model_inputs)
     return cfg, task, net, build_optimizer(cfg, net)
 
 
@@ -61,7 +61,7 @@ def matrix_block(block: BlockGeometry) -> BlockGeometry:
     return block.select(lambda e: e.param.dim() >= 2 and e.role != "embedding")
 
 
-def train(net, task, optimizer, steps: int) -> dict:
+def train_net(net, task, optimizer, steps: int) -> dict:
     """``steps`` optimizer steps on the task's training stream; the mean loss of the last 10 (inf if diverged)."""
     net.train()
     batches = task.train_batches()
@@ -154,7 +154,7 @@ def depth_experiment(out: str | Path, quick: bool = False, log: Callable[[str], 
                 for phase in ("init", "trained"):
                     run = {}
                     if phase == "trained":
-                        run = train(net, task, opt, s["train_steps"])
+                        run = train_net(net, task, opt, s["train_steps"])
                     for name, block in blocks.items():
                         point = measure_point(net, task, pbatch, block, s["starts"], s["max_iters"], s["tol"])
                         rows.append({**base, "phase": phase, "block": name, **point, **run})
@@ -165,7 +165,7 @@ def depth_experiment(out: str | Path, quick: bool = False, log: Callable[[str], 
               "verdicts": verdicts, "seconds": round(time.perf_counter() - started, 1)}
     result["files"] = {"figure": str(plot_scaling(rows, "K", out / "depth.png", "depth K (residual blocks)",
                                                   series="scaling"))}
-    return write_outputs(out, result, _depth_summary(result))
+    return write_results(out, result, _depth_summary(result))
 
 
 def _depth_verdicts(rows: list[dict], s: dict) -> list[dict]:
@@ -250,7 +250,7 @@ def width_experiment(out: str | Path, quick: bool = False, log: Callable[[str], 
         _, task, net, opt = _setup(model, {"name": s["data"]}, s["batch_size"], s["lr"], s["train_steps"], s["seed"])
         pbatch = probe_batch(task, s["probe"])
         for phase in ("init", "trained"):
-            run = train(net, task, opt, s["train_steps"]) if phase == "trained" else {}
+            run = train_net(net, task, opt, s["train_steps"]) if phase == "trained" else {}
             for name in s["geometries"]:
                 spec = WIDTH_GEOMETRIES[name]
                 block = matrix_block(BlockGeometry.from_model(net, {r: spec for r in ("input", "hidden", "readout")}))
@@ -263,7 +263,7 @@ def width_experiment(out: str | Path, quick: bool = False, log: Callable[[str], 
     result = {"experiment": "width", "settings": s, "tolerance": FLAT_TOLERANCE, "rows": rows, "verdicts": verdicts,
               "seconds": round(time.perf_counter() - started, 1)}
     result["files"] = {"figure": str(plot_scaling(rows, "width", out / "width.png", "width", series="geometry"))}
-    return write_outputs(out, result, _width_summary(result))
+    return write_results(out, result, _width_summary(result))
 
 
 def _width_verdicts(rows: list[dict], s: dict) -> list[dict]:

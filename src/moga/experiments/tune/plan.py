@@ -64,7 +64,7 @@ def config_at(base: dict, knobs: Knobs, width: int, depth: int, steps: int | Non
     return data
 
 
-def measure(base: dict, knobs: Knobs, width: int, depth: int, steps: int | None = None,
+def measure_size(base: dict, knobs: Knobs, width: int, depth: int, steps: int | None = None,
             target_steps: int | None = None) -> Size:
     try:
         cost = cell_cost(build_config(config_at(base, knobs, width, depth, steps, target_steps)))
@@ -118,14 +118,14 @@ def planned_cells(n_lrs: int, min_seeds: int) -> int:
     return n_lrs + DECISIVE_RATES[0] * max(0, min_seeds - 1)
 
 
-def plan(base: dict, knobs: Knobs, target: tuple[int, int], n_lrs: int, *, budget_flops: float | None = None,
+def plan_tuning(base: dict, knobs: Knobs, target: tuple[int, int], n_lrs: int, *, budget_flops: float | None = None,
          budget_seconds: float | None = None, regime: str = "auto", min_steps: int = MIN_STEPS, min_seeds: int = 3,
          workers: int = 1, depth_every: int = 2, proxies: list[tuple[int, int]] | None = None) -> Plan:
     if regime not in REGIMES:
         raise TuneError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
     if budget_flops is None and budget_seconds is None:
         raise TuneError("give a tuning budget: FLOPs (--budget-flops) or wall time (--budget-time)")
-    t = measure(base, knobs, *target)
+    t = measure_size(base, knobs, *target)
     tokens = per_step(base)
     tpp = t.steps * tokens / t.params
     ladder = [tuple(p) for p in proxies] if proxies else rungs(target, knobs, depth_every)
@@ -150,9 +150,9 @@ def plan(base: dict, knobs: Knobs, target: tuple[int, int], n_lrs: int, *, budge
         for w, d in pair:
             steps = t.steps
             if mode == "tokens":
-                params = measure(base, knobs, w, d).params
+                params = measure_size(base, knobs, w, d).params
                 steps = max(1, math.ceil(tpp * params / tokens))
-            out.append(measure(base, knobs, w, d, steps, t.steps))
+            out.append(measure_size(base, knobs, w, d, steps, t.steps))
         return out
 
     def fits(chosen: list[Size]) -> bool:

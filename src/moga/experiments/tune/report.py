@@ -5,16 +5,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from moga.sweep.report.decision import bracketed
+
 OPTIMIZER_CLASSES = {"moga": "MOGA", "muon": "Muon", "adamw-scaled": "ScaledAdamW"}
 PLAIN_KEYS = ("p", "preset", "momentum", "nesterov", "weight_decay")
 
 
-def _pct(v) -> str:
+def _pct_2dp(v) -> str:
     return "n/a" if v is None else "diverges" if math.isinf(v) else f"{100 * v:.2f}%"
-
-
-def _iv(iv, fmt=_pct) -> str:
-    return "" if not iv else f" [{fmt(iv[0])}, {fmt(iv[1])}]"
 
 
 def snippets(cfg: dict, path: Path) -> dict:
@@ -65,9 +63,10 @@ def render(r: dict, short: bool = False) -> str:
         lines.append(f"rate for the target: {r['rate']:.6g} (2^{pred['log2_lr']:.2f}; "
                      + ("the proxies' mean optimum: their optima show no trend beyond noise"
                         if pred["rule"] == "mean" else "the proxies' trend extrapolated to the target") + ")")
-        lines.append(f"predicted regret at the target: {_pct(pred['regret'])}{_iv(pred['regret_interval'])} "
+        lines.append(f"predicted regret at the target: {_pct_2dp(pred['regret'])}"
+                     f"{bracketed(pred['regret_interval'], _pct_2dp)} "
                      f"(95% interval; optimum drift {pred['slope']:+.3f} log2 per doubling of parameters"
-                     f"{_iv(pred['slope_interval'], lambda v: f'{v:+.3f}')})")
+                     f"{bracketed(pred['slope_interval'], lambda v: f'{v:+.3f}')})")
         lines.append(("extrapolating is justified: " if r["justified"] else "extrapolating is NOT justified: ")
                      + "; ".join(r["why"]))
     for n in r.get("next", []):

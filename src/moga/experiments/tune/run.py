@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from moga.experiments.tune.knobs import TuneError, model_section, resolve_knobs, target_size
-from moga.experiments.tune.plan import MIN_STEPS, Size, config_at, measure, plan, rungs
+from moga.experiments.tune.plan import MIN_STEPS, Size, config_at, measure_size, plan_tuning, rungs
 from moga.experiments.tune.predict import MAX_EXTRAPOLATION, predict
 from moga.experiments.tune.report import render, snippets
 from moga.optim.registry import OPTIMIZERS, UNIT_STEP_OPTIMIZERS
@@ -82,12 +82,12 @@ def prepare(config: Any, model: Any = None, width: int | None = None, depth: int
             "scaling applies)" if section["depth_scaling"] == "inverse_depth" else
             f" ({optim['name']} takes no unit steps: the depth paper's scaling does not apply)"))
     try:
-        measure(base, knobs, *target)
+        measure_size(base, knobs, *target)
     except TuneError as e:
         if section.get("depth_scaling") == "inverse_depth" and depth_scaling == "auto":
             section["depth_scaling"] = "none"
             notes.append(f"depth scaling none: moga could not scale this model's residual branches ({e})")
-            measure(base, knobs, *target)
+            measure_size(base, knobs, *target)
         else:
             raise
     return base, knobs, target, notes
@@ -165,7 +165,7 @@ def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width
         stored = store.definition()["spec"]["axes"].get("optim.lr")
         if isinstance(stored, list):
             grid = sorted(set(grid) | {float(v) for v in stored})
-    p = plan(base, knobs, target, len(grid), budget_flops=budget_flops, budget_seconds=budget_seconds,
+    p = plan_tuning(base, knobs, target, len(grid), budget_flops=budget_flops, budget_seconds=budget_seconds,
              regime=regime, min_steps=min_steps, min_seeds=min_seeds, workers=workers, depth_every=depth_every,
              proxies=proxies)
     for line in notes + p.reasons:
@@ -305,7 +305,8 @@ def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[f
         ladder = rungs((target.width, target.depth), knobs, p.depth_every)
         up = [r for r in ladder if r[0] > proxies[-1].width]
         if up:
-            bigger = measure(base, knobs, *up[-1], proxies[-1].steps if p.regime == "steps" else None, target.steps)
+            bigger = measure_size(base, knobs, *up[-1], proxies[-1].steps if p.regime == "steps" else None,
+                                  target.steps)
             nxt.append(f"a larger proxy: {bigger.label} ({bigger.flops:.3g} FLOPs a cell), which shortens the "
                        "extrapolation")
         else:

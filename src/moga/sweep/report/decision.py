@@ -229,7 +229,7 @@ class Decision:
     level: float = 0.95
 
 
-def _bounds(values: np.ndarray, level: float) -> tuple[float, float] | None:
+def _outer_quantiles(values: np.ndarray, level: float) -> tuple[float, float] | None:
     values = values[~np.isnan(values)]
     if values.size == 0:
         return None
@@ -276,7 +276,7 @@ def decide_transfer(curves: Sequence[Curve], step_log2: float | None, max_drift_
         st = ScaleStats(
             scale=c.scale, seeds=decisive_seeds(c, float(x_ref[0])),
             seed_sd=pooled[0] if pooled else None, optimum_log2=float(f.optimum[0]),
-            optimum_interval=_bounds(bfits[k].optimum, level) if noisy else None,
+            optimum_interval=_outer_quantiles(bfits[k].optimum, level) if noisy else None,
             step_cost=(float(f.curvature[0] * h * h / f.minimum[0]) if np.isfinite(f.curvature[0])
                        and f.minimum[0] > 0 else None),
             drift_steps=float((f.optimum[0] - x_ref[0]) / h), drift_interval=None,
@@ -288,9 +288,9 @@ def decide_transfer(curves: Sequence[Curve], step_log2: float | None, max_drift_
         st.regret = None if np.isnan(regret) else float(regret)
         if noisy:
             d = (bfits[k].optimum - bfits[0].optimum) / h
-            st.drift_interval = _bounds(d, level)
+            st.drift_interval = _outer_quantiles(d, level)
             r = _regret(bfits[k], bfits[0].optimum)
-            st.regret_interval = _bounds(r, level) if np.mean(np.isnan(r)) < (1 - level) / 2 else None
+            st.regret_interval = _outer_quantiles(r, level) if np.mean(np.isnan(r)) < (1 - level) / 2 else None
         drift_state, n_drift = _judge(st.drift_steps, st.drift_interval, max_drift_steps, two_sided=True,
                                       seeds=st.seeds)
         regret_state, n_regret = _judge(st.regret, st.regret_interval, max_regret, two_sided=False, seeds=st.seeds)
@@ -356,15 +356,16 @@ def _judge(point, interval, limit: float, two_sided: bool, seeds: int) -> tuple[
     return ("leans within" if size <= limit else "leans beyond"), max(need, seeds + 1)
 
 
-def _pct(v: float) -> str:
+def _pct_1dp(v: float) -> str:
     return "diverges" if math.isinf(v) else f"{100 * v:.1f}%"
 
 
-def _iv(interval, fmt) -> str:
+def bracketed(interval, fmt) -> str:
+    """" [low, high]" after a number, each end through ``fmt``; nothing for no interval."""
     return "" if interval is None else f" [{fmt(interval[0])}, {fmt(interval[1])}]"
 
 
-def _steps(v: float) -> str:
+def _signed_steps(v: float) -> str:
     return f"{v:+.2f}"
 
 
@@ -372,9 +373,10 @@ def _point_phrase(scales: list[ScaleStats], max_drift_steps: float, max_regret: 
                   level: float = 0.95) -> str:
     parts = []
     for st in scales[1:]:
-        regret = "regret n/a" if st.regret is None else f"regret {_pct(st.regret)}{_iv(st.regret_interval, _pct)}"
-        parts.append(f"{label(st.scale)}: drift {_steps(st.drift_steps)} steps"
-                     f"{_iv(st.drift_interval, _steps)}, {regret}")
+        regret = ("regret n/a" if st.regret is None
+                  else f"regret {_pct_1dp(st.regret)}{bracketed(st.regret_interval, _pct_1dp)}")
+        parts.append(f"{label(st.scale)}: drift {_signed_steps(st.drift_steps)} steps"
+                     f"{bracketed(st.drift_interval, _signed_steps)}, {regret}")
     limits = f" (limits {max_drift_steps:g} step, {100 * max_regret:g}%; {100 * level:g}% intervals)"
     return "; ".join(parts) + limits
 
@@ -384,9 +386,9 @@ def _within_phrase(scales: list[ScaleStats], max_drift_steps: float, max_regret:
     worst_regret = max(scales, key=lambda s: s.regret_interval[1])
     d_hi = max(abs(v) for v in worst_drift.drift_interval)
     return (f"drift within {d_hi:.2f} steps (limit {max_drift_steps:g}) and regret at most "
-            f"{_pct(worst_regret.regret_interval[1])} (cap {100 * max_regret:g}%) at every scale, "
+            f"{_pct_1dp(worst_regret.regret_interval[1])} (cap {100 * max_regret:g}%) at every scale, "
             f"{100 * level:g}% upper bounds; worst at {label(worst_regret.scale)}: regret "
-            f"{_pct(worst_regret.regret)}{_iv(worst_regret.regret_interval, _pct)}")
+            f"{_pct_1dp(worst_regret.regret)}{bracketed(worst_regret.regret_interval, _pct_1dp)}")
 
 
 def _against_phrase(st: ScaleStats, what: str, max_drift_steps: float, max_regret: float, level: float,
@@ -394,9 +396,11 @@ def _against_phrase(st: ScaleStats, what: str, max_drift_steps: float, max_regre
     if what == "regret":
         if st.regret is not None and math.isinf(st.regret):
             return f"reusing the reference's optimum diverges at {label(st.scale)}"
-        return (f"reusing the reference's optimum costs {_pct(st.regret)}{_iv(st.regret_interval, _pct)} at "
+        return (f"reusing the reference's optimum costs {_pct_1dp(st.regret)}"
+                f"{bracketed(st.regret_interval, _pct_1dp)} at "
                 f"{label(st.scale)}, above the {100 * max_regret:g}% cap with {100 * level:g}% confidence")
-    return (f"the optimum moves {_steps(st.drift_steps)} grid steps{_iv(st.drift_interval, _steps)} at "
+    return (f"the optimum moves {_signed_steps(st.drift_steps)} grid steps"
+            f"{bracketed(st.drift_interval, _signed_steps)} at "
             f"{label(st.scale)}, beyond {max_drift_steps:g} with {100 * level:g}% confidence")
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from moga.sweep.report.figures import METRIC_LABELS
 from moga.sweep.report.summary import PanelSummary
-from moga.sweep.report.schema import SweepRecord, format_lr, scale_label
+from moga.sweep.report.schema import SweepRecord, scale_label
+from moga.sweep.results import format_lr
 
 
 @dataclass
@@ -157,17 +158,17 @@ def bootstrap_text(p: PanelSummary) -> str:
     seeds = f"{counts[0]} seeds per scale" if len(counts) == 1 else f"{counts[0]} to {counts[-1]} seeds per scale"
     parts = [f"Seed spread ({seeds}, {b.resamples} bootstrap resamples, {pct} intervals):"]
     if b.drift_steps is not None:
-        parts.append(f"drift {_iv(b.drift_steps, '{:g}')} grid steps;")
+        parts.append(f"drift {_interval_cell(b.drift_steps, '{:g}')} grid steps;")
     if b.drift_log2_refined is not None:
-        parts.append(f"refined drift {_iv(b.drift_log2_refined)} log2 units;")
+        parts.append(f"refined drift {_interval_cell(b.drift_log2_refined)} log2 units;")
     if b.slope_per_doubling is not None:
-        parts.append(f"slope {_iv(b.slope_per_doubling, '{:+.2f}')} per doubling;")
+        parts.append(f"slope {_interval_cell(b.slope_per_doubling, '{:+.2f}')} per doubling;")
     if b.share_within_criterion is not None:
         parts.append(f"the criterion holds in {100 * b.share_within_criterion:.0f}% of resamples.")
     return " ".join(parts)
 
 
-def _iv(iv, fmt: str = "{:.2f}") -> str:
+def _interval_cell(iv, fmt: str = "{:.2f}") -> str:
     return "n/a" if iv is None else f"[{fmt.format(iv[0])}, {fmt.format(iv[1])}]"
 
 

@@ -28,8 +28,9 @@ from moga.sweep.report.curves import build_curve, make_grid
 from moga.sweep.report.decision import Decision, decide_transfer
 from moga.sweep.report.figures import pyplot
 from moga.sweep.report.metrics import GROUP_KEYS, transfer_regrets
-from moga.sweep.report.schema import SweepRecord, format_lr, parse_records
+from moga.sweep.report.schema import SweepRecord, parse_records
 from moga.sweep.report.summary import json_safe
+from moga.sweep.results import format_lr
 from moga.sweep.report.verdict import MAX_REGRET
 from moga.verdicts import DOES_NOT_TRANSFER, NO_VERDICT
 

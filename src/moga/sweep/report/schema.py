@@ -146,11 +146,3 @@ def scale_label(scale_key: str, scale: float) -> str:
 def scaling_label(scaling: str) -> str:
     label = SCALING_LABELS.get(scaling)
     return f"{scaling} ({label})" if label else scaling
-
-
-def format_lr(lr: float | None) -> str:
-    """2^-4 on a power-of-two grid, 3 significant digits otherwise."""
-    if lr is None or not math.isfinite(lr):
-        return "n/a"
-    k = math.log2(lr)
-    return f"2^{round(k)}" if abs(k - round(k)) < 1e-9 else f"{lr:.3g}"

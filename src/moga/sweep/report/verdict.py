@@ -21,7 +21,8 @@ import numpy as np
 
 from moga.sweep.report.curves import Curve, Grid
 from moga.sweep.report.summary import PanelSummary
-from moga.sweep.report.schema import format_lr, scale_label
+from moga.sweep.report.schema import scale_label
+from moga.sweep.results import format_lr
 from moga.verdicts import DOES_NOT_TRANSFER, NO_VERDICT
 
 
