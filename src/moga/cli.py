@@ -35,10 +35,12 @@ COMMANDS = {
 def load_command(name: str):
     module, attribute, _ = COMMANDS[name]
     target = getattr(importlib.import_module(module), attribute)
-    if not isinstance(target, typer.Typer):
-        target, function = typer.Typer(add_completion=False), target
-        target.command(name)(function)
-    command = typer.main.get_command(target)
+    if isinstance(target, typer.Typer):  # a group even with one subcommand (get_command would make `moga data`
+        command = typer.main.get_group(target)  # the fetch command itself, refusing `moga data fetch NAME`)
+    else:
+        wrapper = typer.Typer(add_completion=False)
+        wrapper.command(name)(target)
+        command = typer.main.get_command(wrapper)
     command.name = name
     return command
 

@@ -1,6 +1,8 @@
 """`moga data fetch` and the search order of moga.data.paths, on real files (file:// sources, no network)."""
 
 import hashlib
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -26,6 +28,9 @@ def test_fetch_failure_says_what_to_do(tmp_path):
         fetch("shakespeare", tmp_path, url=(tmp_path / "absent.txt").as_uri())
     result = CliRunner().invoke(app, ["data", "fetch", "sonnets"])
     assert result.exit_code == 1 and "knows: shakespeare" in result.output
+    # the console script's lazy group too (it once made `moga data` the fetch command itself)
+    run = subprocess.run([sys.executable, "-m", "moga", "data", "fetch", "sonnets"], capture_output=True, text=True)
+    assert run.returncode == 1 and "knows: shakespeare" in run.stderr + run.stdout, run.stderr
 
 
 def test_fetched_text_is_where_the_loader_looks(tmp_path, monkeypatch):
