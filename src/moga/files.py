@@ -54,8 +54,10 @@ def replacing(path: str | Path, mode: str = "w", *, encoding: str | None = "utf-
             os.replace(tmp, path)
         except IsADirectoryError:  # name the file that is a directory, not the temporary one
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)) from None
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:  # a write on a full disk
+            e.filename = str(path)  # names no file: name the target
         raise
 
 
@@ -126,6 +128,20 @@ def read_only(directory: str | Path) -> bool:
         return not os.access(directory, os.W_OK) or not directory.stat().st_mode & 0o222
     except OSError:
         return False
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
+
+
+def out_of_space(error: BaseException) -> OSError | None:
+    """The write that failed for want of space behind ``error`` (its cause or context), or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def refuse_symlinks(*paths: Path) -> None:

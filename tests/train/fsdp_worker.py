@@ -4,6 +4,8 @@
 ``{"dir", "config", "stops": [steps to stop and checkpoint at], "snapshot": dir to copy the run to after
 the stops, or null}``. Every run ends finished, but a ``"busy"`` job's: its directory is locked by the
 test process (that PID), so every rank must refuse it; each writes the message to ``refused-RANK.txt``.
+And a ``"plant": [name, target]`` job's: after its stops rank 0 makes ``name`` a symlink to ``target``, and
+every rank must refuse to go on (one that did not would leave the others waiting at a barrier).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from moga.filelock import DirectoryBusy
+from moga.files import UnsafeFile
 from moga.train import run
 
 
@@ -34,6 +37,17 @@ def main(jobs_path: str) -> None:
                 raise AssertionError(f"rank {dist.get_rank()} trained in a run directory another process holds")
             for stop in job.get("stops", []):
                 assert run(job["config"], job["dir"], stop_at=stop, quiet=True)["status"] == "stopped"
+            if job.get("plant"):
+                name, target = job["plant"]
+                if dist.get_rank() == 0:
+                    (Path(job["dir"]) / name).symlink_to(target)
+                dist.barrier()
+                try:
+                    run(job["config"], job["dir"], quiet=True)
+                except UnsafeFile as e:
+                    (Path(job["dir"]) / f"refused-{dist.get_rank()}.txt").write_text(str(e))
+                    continue
+                raise AssertionError(f"rank {dist.get_rank()} trained through a symlink at {name}")
             if job.get("snapshot"):
                 if dist.get_rank() == 0:
                     shutil.copytree(job["dir"], job["snapshot"])

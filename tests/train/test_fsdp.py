@@ -84,7 +84,11 @@ def two(corpus):
         {"dir": out / "resnet", "config": merge(cfg["resnet"], FSDP)},
         {"dir": out / "mlp", "config": merge(cfg["mlp"], FSDP)},
         {"dir": out / "busy", "config": merge(cfg["mlp"], FSDP), "busy": os.getpid()},  # this process holds it
+        {"dir": out / "linked", "config": merge(cfg["mlp"], FSDP), "stops": [1],
+         "plant": [f".{DIRECTORY}.tmp", corpus / "outside"]},
     ]
+    (corpus / "outside").mkdir()
+    (corpus / "outside" / "keep").write_text("precious\n")
     path = corpus / "jobs.json"
     path.write_text(json.dumps(jobs, default=str))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -201,6 +205,18 @@ def test_a_busy_run_directory_is_refused_on_every_rank(two):
     for rank in (0, 1):
         assert f"(PID {os.getpid()})" in (two["busy"] / f"refused-{rank}.txt").read_text()
     assert not (two["busy"] / "metrics.jsonl").exists() and not (two["busy"] / DIRECTORY).exists()
+
+
+def test_a_symlink_at_the_shards_temporary_directory_is_refused_on_every_rank(two, corpus):
+    """Planted after step 1 at .checkpoint.dcp.tmp, pointing out of the run: both ranks refuse it in one line
+    (neither waits for the other), nothing is written outside, the step-1 checkpoint stays."""
+    link = two["linked"] / f".{DIRECTORY}.tmp"
+    for rank in (0, 1):
+        refused = (two["linked"] / f"refused-{rank}.txt").read_text()
+        assert refused.startswith(f"{link} is a symlink") and "\n" not in refused, refused
+    assert [(p.name, p.read_text()) for p in (corpus / "outside").iterdir()] == [("keep", "precious\n")]
+    assert torch.load(two["linked"] / DIRECTORY / "engine.pt", weights_only=True)["step"] == 1
+    assert not (two["linked"] / "result.json").exists()
 
 
 def test_swapped_shards_are_reported(two, tmp_path):

@@ -234,3 +234,67 @@ def test_an_engine_pt_without_shard_digests_is_refused_unless_trusted(stopped, m
     monkeypatch.setenv("MOGA_ALLOW_UNCHECKED", "0")  # restored (unset) after the test: the flag sets it to 1
     out = _cli([str(stopped / "config.yaml"), "-q", "-o", str(stopped / "run"), "--allow-unchecked"])
     assert out.exit_code == 0, out.output
+
+
+def _tree(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("target", ["existing", "dangling"])
+@pytest.mark.parametrize("name", [f".{DIRECTORY}.tmp", f".{DIRECTORY}.old", DIRECTORY])
+def test_a_symlink_at_a_name_the_sharded_save_writes_is_refused(stopped, name, target):
+    """The shards' temporary directory, the previous one's name, the checkpoint itself: a link out of the run
+    is refused in one line before training; nothing outside changes and the step-2 checkpoint stays."""
+    run_dir, outside = stopped / "run", stopped / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious\n")
+    if name == DIRECTORY:  # a link to a whole checkpoint elsewhere (existing), or to nowhere
+        os.replace(run_dir / DIRECTORY, outside / DIRECTORY)
+        link_to = outside / DIRECTORY
+    else:
+        link_to = outside
+    (run_dir / name).symlink_to(link_to if target == "existing" else stopped / "nowhere")
+    before, kept = _tree(outside), _tree(run_dir / DIRECTORY) if name != DIRECTORY else None
+    out = _resume_with_cli(stopped)
+    assert out.exit_code == 1 and "Traceback" not in out.output and out.output.count("\n") == 1, out.output
+    assert f"{run_dir / name} is a symlink" in out.output and f"rm {run_dir / name}" in out.output, out.output
+    assert _tree(outside) == before and not (stopped / "nowhere").exists()
+    if kept is not None:
+        assert _tree(run_dir / DIRECTORY) == kept
+    assert not (run_dir / "result.json").exists()
+    assert sorted(p.name for p in stopped.iterdir()) == ["config.yaml", "outside", "run"]
+
+
+def test_a_symlink_planted_while_a_run_trains_is_refused_at_its_save(tmp_path):
+    """The run's start checked the names; a link planted after it is refused by the save itself."""
+    from moga.files import UnsafeFile
+    from moga.train import build_config, distributed
+    from moga.train.build import build_model, build_optimizer
+    from moga.train.parallel import shard_model
+    from moga.train.sharded_checkpoint import ENGINE, save_sharded
+    from moga.train.tasks import build_task
+
+    cfg = build_config(CONFIG)
+    path, outside = tmp_path / "run" / DIRECTORY, tmp_path / "outside"
+    path.parent.mkdir()
+    outside.mkdir()
+    (outside / "keep").write_text("precious\n")
+    d = distributed.setup("cpu", "fsdp")  # a one-rank gloo group, as the run makes
+    try:
+        model = shard_model(build_model(cfg, build_task(cfg).model_inputs))
+        optimizer = build_optimizer(cfg, model)
+        save = lambda step: save_sharded(path, model, optimizer, {"step": step}, main=True,  # noqa: E731
+                                         barrier=lambda: distributed.barrier(d))
+        save(1)
+        kept = _tree(path)
+        for name in (f".{DIRECTORY}.tmp", f".{DIRECTORY}.old"):
+            (path.parent / name).symlink_to(outside)
+            with pytest.raises(UnsafeFile, match=f"{path.parent / name} is a symlink"):
+                save(2)
+            assert _tree(outside) == {"keep": b"precious\n"} and _tree(path) == kept
+            (path.parent / name).unlink()
+        save(3)  # the link gone, the run saves on
+    finally:
+        distributed.teardown(d)
+    assert torch.load(path / ENGINE, weights_only=True)["step"] == 3
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["outside", "keep", "run", DIRECTORY, *_tree(path)])

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from moga.status import Status
-from moga.sweep.executor import EXECUTORS, run_sweep
+from moga.sweep.executor import EXECUTORS, WorkerStopped, run_sweep
 from moga.sweep.results import status_table
 from moga.sweep.seeds import run_sweep_until_decided
 from moga.sweep.spec import Sweep, SweepError
@@ -92,7 +92,8 @@ def sweep(
         else:
             counts = run(spec)
     except (SweepError, ValueError, RuntimeError, OSError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        if not (isinstance(e, WorkerStopped) and e.said):  # else each worker printed its one line
+            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM
         console.print(f"interrupted: running cells were checkpointed and handed back; run the same command "

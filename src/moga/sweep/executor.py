@@ -19,13 +19,22 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from moga.status import DONE, Status
-from moga.sweep.spec import Sweep
+from moga.sweep.spec import Sweep, SweepError
 from moga.sweep.store import SweepStore
 from moga.sweep.worker import run_worker
 
 # Deferred on purpose, imported where used: ray (the optional `ray` extra), only for the Ray executor.
 
 EXECUTORS = ("local", "ray")
+
+
+class WorkerStopped(SweepError):
+    """Workers ended with an error before the sweep was settled; ``said``: each printed its one line (exit 2)."""
+
+    def __init__(self, codes: list[int]):
+        self.said = all(code == 2 for code in codes)
+        super().__init__(f"{len(codes)} worker(s) stopped with an error (exit {', '.join(map(str, codes))}; see "
+                         "above) before the sweep was done: run the same command again to resume it")
 
 
 def start_local_workers(sweep_dir: Path, workers: int, threads: int = 1) -> list[subprocess.Popen]:
@@ -91,6 +100,9 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, executor: str = "
                 for p in procs:
                     p.kill()
                 raise
+        stopped = [p.returncode for p in procs if p.returncode]
+        if stopped:  # a full disk, a damaged store: not "done" with cells still waiting
+            raise WorkerStopped(stopped)
     counts = store.counts()
     counts["seconds"] = round(time.time() - start, 1)
     return counts
@@ -105,15 +117,20 @@ def watch(store: SweepStore, procs: list[subprocess.Popen], start: float, progre
 
     columns = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    counts = store.counts()
-    initial = sum(counts[s] for s in DONE)  # settled before this run: not part of the rate (ETA)
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("cells", total=sum(counts.values()) - initial, state="")
-        while True:
-            alive = any(p.poll() is None for p in procs)
-            c = store.counts()
-            bar.update(task, completed=sum(c[s] for s in DONE) - initial,
-                       state=f"running {c['running'] if alive else 0}  diverged {c['diverged']}  failed {c['failed']}")
-            if not alive:
-                break
-            time.sleep(0.5)
+    try:
+        counts = store.counts()
+        initial = sum(counts[s] for s in DONE)  # settled before this run: not part of the rate (ETA)
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task("cells", total=sum(counts.values()) - initial, state="")
+            while True:
+                alive = any(p.poll() is None for p in procs)
+                c = store.counts()
+                bar.update(task, completed=sum(c[s] for s in DONE) - initial,
+                           state=f"running {c['running'] if alive else 0}  diverged {c['diverged']}  "
+                                 f"failed {c['failed']}")
+                if not alive:
+                    break
+                time.sleep(0.5)
+    except SweepError:  # the store cannot be read now (a full disk): the workers meet it too and say so
+        for p in procs:
+            p.wait()

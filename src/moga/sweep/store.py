@@ -63,6 +63,14 @@ def _damaged(error: sqlite3.DatabaseError) -> bool:
             or text.startswith("no such table"))  # an empty or foreign file where the store should be
 
 
+def _no_space(error: sqlite3.DatabaseError) -> bool:
+    """A write that failed: SQLite says SQLITE_FULL for a full disk, an I/O error for a file size limit (or a
+    full disk while it grows its side files)."""
+    name = getattr(error, "sqlite_errorname", "")
+    return name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR") or "disk is full" in str(error) \
+        or "disk I/O error" in str(error)
+
+
 def set_aside_all(directory: str | Path) -> list[Path]:
     """``--rebuild`` where one command keeps its stores under one directory (moga reproduce, moga demo): every
     sweep.db there set aside, so each is rebuilt from its config and its cells' run directories."""
@@ -103,6 +111,11 @@ class SweepStore:
         except sqlite3.DatabaseError as e:
             if _damaged(e):
                 raise StoreDamaged(self.damaged_message(e)) from None
+            if _no_space(e):
+                raise SweepError(f"the sweep store {self.path} could not be written ({e}: is its disk full?): "
+                                 "free some space and run the same command again; no finished cell is lost (each "
+                                 f"keeps its result.json in {self.dir / 'cells'}), unfinished ones resume from their "
+                                 "checkpoints") from None
             if not writable or "readonly" in str(e):
                 raise SweepError(f"the sweep store {self.path} is read-only ({e}): it can be read (moga sweep "
                                  "status, moga report --out DIR) but not run; copy it somewhere writable to run "
@@ -176,7 +189,8 @@ class SweepStore:
                 yield con
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # a full disk makes SQLite roll back itself: a second ROLLBACK's error
+                    con.execute("ROLLBACK")  # ("no transaction is active") would hide the real one
                 raise
 
     def exists(self) -> bool:

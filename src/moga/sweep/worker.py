@@ -25,11 +25,13 @@ from pathlib import Path
 import torch
 
 from moga.filelock import exclusive_lock
+from moga.files import out_of_space
 from moga.status import DONE, Status
 from moga.sweep.owners import new_owner
 from moga.sweep.spec import Sweep, SweepError, SweepSpec, canonical
 from moga.sweep.store import SweepStore
 import moga.train as training  # its engine loads with the first cell, not with the module
+from moga.train import CheckpointError
 
 HEARTBEAT_SECONDS = 2.0
 IDLE_POLL_SECONDS = 1.0
@@ -161,12 +163,25 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 stop.raise_now = False
                 store.release(cid, owner)
                 return settled
-            except Exception:  # a crash of one run is recorded, and the sweep goes on
+            except Exception as e:  # a crash of one run is recorded, and the sweep goes on
                 stop.raise_now = False
+                if out_of_space(e):  # not the cell's fault, and every next cell would fail the same way
+                    store.release(cid, owner)
+                    raise SweepError(_out_of_space_line(e, cid, store.cell_dir(cid))) from None
                 store.finish(cid, owner, Status.FAILED, error=traceback.format_exc(limit=20))
             finally:
                 beat.done.set()
             settled += 1
+
+
+def _out_of_space_line(error: Exception, cid: str, run_dir: Path) -> str:
+    """One line: which file, and that the same command goes on once there is space."""
+    cause = out_of_space(error)
+    what = str(error) if isinstance(error, CheckpointError) else (  # that one names its file and the way on
+        f"could not write {cause.filename or run_dir} ({cause.strerror}). Free some space and run the same command "
+        "again")
+    return f"cell {cid}: {what.rstrip('.')}; the cell was handed back (it resumes from its last checkpoint, if any), " \
+        "no finished cell is lost"
 
 
 def main(argv: list[str] | None = None) -> None:

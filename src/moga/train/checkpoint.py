@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moga.files import replacing
+from moga.files import out_of_space, replacing
 
 from .hashing import hash_diff
 
@@ -101,7 +101,8 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
             torch.save(payload, f)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from its zip writer
         kept = "the previous checkpoint is intact" if path.is_file() else "there is no earlier checkpoint"
-        why = getattr(e, "strerror", None) or (str(e).strip().splitlines() or ["no message"])[-1][:200]
+        cause = out_of_space(e) or e  # torch's "unexpected pos" hides the write's own error in its context
+        why = getattr(cause, "strerror", None) or (str(e).strip().splitlines() or ["no message"])[-1][:200]
         raise CheckpointError(f"could not write the checkpoint {path} ({why}); {kept}. "
                               "Free some space and run the same command again to continue.") from None
     return path

@@ -299,6 +299,8 @@ class Trainer:
         stored = self._stored_result()
         if stored is not None:
             return stored
+        if self.fsdp:  # before training, not at its first save
+            sharded.refuse_links(self.checkpoint_path)
         if self.dist.main:
             sharded.discard_unfinished(self.run_dir / sharded.DIRECTORY)  # a save killed by kill -9
         distributed.barrier(self.dist)

@@ -11,6 +11,8 @@ Atomic: the ranks write ``.checkpoint.dcp.tmp/``; once all are done rank 0 moves
 aside, renames the new one in and deletes the old. A kill while writing leaves the previous checkpoint
 as it was; a kill between the two renames leaves the previous one under ``.checkpoint.dcp.old``, which
 :func:`find_sharded` reads. A kill -9 mid-save leaves ``.checkpoint.dcp.tmp``: :func:`discard_unfinished`.
+A symlink at any of the three names is refused (:func:`refuse_links`): the shards would be written, or the
+previous checkpoint moved, out of the run directory.
 
 Checked: ``engine.pt`` (whose own SHA-256 is checked on load) holds the SHA-256 and size of every other
 file in the directory (``.metadata`` and the ``.distcp`` shards), verified before anything is read, so a
@@ -30,6 +32,8 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from moga.files import refuse_symlinks
 
 from .checkpoint import (
     ALLOW_UNCHECKED, CheckpointError, allowed, load_checkpoint, restart_hint, save_checkpoint, unchecked
@@ -52,6 +56,13 @@ def find_sharded(path: str | Path) -> Path | None:
         if (candidate / ENGINE).is_file():
             return candidate
     return None
+
+
+def refuse_links(path: str | Path) -> None:
+    """Every rank calls this (so none waits at a barrier for one that refused): a symlink at the checkpoint
+    directory, its temporary or its previous name is refused in one line, before anything is written."""
+    path = Path(path)
+    refuse_symlinks(path, _aside(path, "tmp"), _aside(path, "old"))
 
 
 def discard_unfinished(path: str | Path) -> None:
@@ -107,6 +118,7 @@ def save_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Opti
     """Every rank calls this; ``engine`` (rank 0's) is the rest of the run's state."""
     path = Path(path)
     tmp, old = _aside(path, "tmp"), _aside(path, "old")
+    refuse_links(path)  # planted while the run trained: the run's start checked them too
     if main:
         shutil.rmtree(tmp, ignore_errors=True)  # a save killed earlier
         tmp.mkdir(parents=True)

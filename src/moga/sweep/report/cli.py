@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from moga.files import read_only, refuse_symlinks
+from moga.files import out_of_space, read_only, refuse_symlinks
 from moga.sweep.report.metrics import select_scale
 from moga.sweep.report.outputs import analyze_metrics, write_outputs
 from moga.sweep.report.render import print_verdicts
@@ -53,9 +53,10 @@ def report_command(
         raise typer.Exit(2) from None
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from None
-    except OSError as e:  # a read-only sweep directory: the store was read, the report cannot go there
-        typer.echo(f"error: could not write {e.filename or out}: {e.strerror or e}; give --out DIR elsewhere "
-                   "(the sweep itself is only read)", err=True)
+    except OSError as e:  # a read-only sweep directory or a full disk: the store was read, the report cannot go there
+        fix = "free some space or give --out DIR elsewhere" if out_of_space(e) else "give --out DIR elsewhere"
+        typer.echo(f"error: could not write {e.filename or out}: {e.strerror or e}; {fix} (the sweep itself is only "
+                   "read)", err=True)
         raise typer.Exit(1) from None
     print_verdicts(summaries)
     typer.echo(f"report: {paths['report.html']}")
