@@ -269,7 +269,7 @@ def test_a_symlink_planted_while_a_run_trains_is_refused_at_its_save(tmp_path):
     """The run's start checked the names; a link planted after it is refused by the save itself."""
     from moga.files import UnsafeFile
     from moga.train import build_config, distributed
-    from moga.train.build import build_model, build_optimizer
+    from moga.train.build import build_optimizer, model_from_config
     from moga.train.parallel import shard_model
     from moga.train.sharded_checkpoint import ENGINE, save_sharded
     from moga.train.tasks import build_task
@@ -281,7 +281,7 @@ def test_a_symlink_planted_while_a_run_trains_is_refused_at_its_save(tmp_path):
     (outside / "keep").write_text("precious\n")
     d = distributed.setup("cpu", "fsdp")  # a one-rank gloo group, as the run makes
     try:
-        model = shard_model(build_model(cfg, build_task(cfg).model_inputs))
+        model = shard_model(model_from_config(cfg, build_task(cfg).model_inputs))
         optimizer = build_optimizer(cfg, model)
         save = lambda step: save_sharded(path, model, optimizer, {"step": step}, main=True,  # noqa: E731
                                          barrier=lambda: distributed.barrier(d))
