@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from moga.experiments.tune.knobs import TuneError, model_section, resolve_knobs, target_size
-from moga.experiments.tune.plan import MIN_STEPS, Size, config_at, measure_size, plan_tuning, rungs
+from moga.experiments.tune.plan import MIN_STEPS, Size, config_at, measure_size, plan_tuning, rungs, within_budget
 from moga.experiments.tune.predict import MAX_EXTRAPOLATION, predict
 from moga.experiments.tune.report import render, snippets
 from moga.optim.registry import OPTIMIZERS, UNIT_STEP_OPTIMIZERS
@@ -135,8 +135,7 @@ class Budget:
         return sum(s.flops for s in sizes), sum(s.seconds for s in sizes) / self.workers
 
     def allows(self, cells: list[dict]) -> bool:
-        f, s = self.cost(cells)
-        return (self.flops is None or f <= self.flops) and (self.seconds is None or s <= self.seconds)
+        return within_budget(*self.cost(cells), self.flops, self.seconds)
 
 
 def _trained(store: SweepStore) -> int:
