@@ -24,7 +24,6 @@ LONG_FUNCTIONS = {  # module:function -> why it may pass FUNCTION_LINES for now
     "optim/base.py:GeometryOptimizer.__init__": "torch's Optimizer contract: params, plan, multipliers, kernel",
     "experiments/smoothness/convergence.py:convergence_experiment": "the experiment's loop; to split",
     "sweep/report/decision.py:decide_transfer": "the transfer verdict's cases, one after another",
-    "train/engine.py:Trainer._loop": "62 lines with the alignment record (gap, merged in the same turn); to split",
 }
 # Public wrappers: the same name for the function and the one it wraps.
 WRAPPERS = {
