@@ -22,7 +22,6 @@ LONG_FUNCTIONS = {  # module:function -> why it may pass FUNCTION_LINES for now
     "sweep/cli.py:sweep": "the command's argument handling; to split into parse and run",
     "experiments/reproduce/cli.py:reproduce_command": "the command's argument handling (another change edits it)",
     "optim/base.py:GeometryOptimizer.__init__": "torch's Optimizer contract: params, plan, multipliers, kernel",
-    "experiments/smoothness/convergence.py:convergence_experiment": "the experiment's loop; to split",
 }
 # Public wrappers: the same name for the function and the one it wraps.
 WRAPPERS = {
