@@ -19,7 +19,6 @@ LONG_FILES = {  # file -> why it may pass FILE_LINES for now
 }
 LONG_FUNCTIONS = {  # module:function -> why it may pass FUNCTION_LINES for now
     "roles/__init__.py:build_plan": "one pass that classifies every parameter; to split",
-    "experiments/reproduce/cli.py:reproduce_command": "the command's argument handling (another change edits it)",
     "optim/base.py:GeometryOptimizer.__init__": "torch's Optimizer contract: params, plan, multipliers, kernel",
 }
 # Public wrappers: the same name for the function and the one it wraps.
