@@ -19,15 +19,7 @@ LONG_FILES = {  # file -> why it may pass FILE_LINES for now
 }
 LONG_FUNCTIONS = {  # module:function -> why it may pass FUNCTION_LINES for now
     "roles/__init__.py:build_plan": "one pass that classifies every parameter; to split",
-    "sweep/cli.py:sweep": "the command's argument handling; to split into parse and run",
-    "experiments/reproduce/cli.py:reproduce_command": "the command's argument handling (another change edits it)",
     "optim/base.py:GeometryOptimizer.__init__": "torch's Optimizer contract: params, plan, multipliers, kernel",
-    "experiments/smoothness/convergence.py:convergence_experiment": "the experiment's loop; to split",
-    "sweep/report/decision.py:decide_transfer": "the transfer verdict's cases, one after another",
-    "train/engine.py:Trainer._loop": "62 lines with the alignment record (gap, merged in the same turn); to split",
-    "experiments/tune/plan.py:plan_tuning": "moga tune (merged in the same turn): the proxy ladder; to split",
-    "experiments/tune/run.py:tune": "moga tune (merged in the same turn): its loop over proxies; to split",
-    "experiments/tune/run.py:judge": "moga tune (merged in the same turn): the decision's cases; to split",
 }
 # Public wrappers: the same name for the function and the one it wraps.
 WRAPPERS = {

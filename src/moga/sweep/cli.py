@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -57,14 +58,7 @@ def sweep(
     if target == "status":
         if directory is None:
             raise typer.BadParameter("give the sweep directory: moga sweep status DIR")
-        store = SweepStore(directory)
-        try:
-            spec = store.definition()["spec"]
-            table = status_table(store, spec["lr_key"], metric)
-        except (SweepError, OSError) as e:  # OSError: a symlink planted at sweep.db (moga.files.UnsafeFile)
-            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-            raise typer.Exit(2) from None
-        Console(width=max(console.width, 40 + 9 * len(table.columns))).print(table)  # never squash the grid
+        _show_status(SweepStore(directory), metric, console)
         return
     if directory is not None:
         raise typer.BadParameter(f"unexpected argument {directory}; to show a sweep use: moga sweep status DIR")
@@ -72,8 +66,7 @@ def sweep(
     try:
         spec = Sweep.from_file(target)
     except (SweepError, ConfigError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        _error_exit(console, e)
     out = out or Path("runs") / (spec.spec.name or Path(target).stem)
     if rebuild:
         aside = SweepStore(out).set_aside()
@@ -81,10 +74,18 @@ def sweep(
             console.print(f"set the old store aside as {aside}; rebuilding it from {out / 'cells'}")
     console.print(f"sweep {Path(target).name}: {len(spec.cells)} cells -> {out} ({workers} worker(s), "
                   f"{spec.spec.threads} thread(s) each)", soft_wrap=True)
+    run = lambda sw: run_sweep(sw, out, workers, executor, ray_address, progress=not quiet,  # noqa: E731
+                               retry_failed=retry_failed)
+    counts = _run_cells(spec, out, run, console, seeds, max_seeds, by, max_regret)
+    _report_counts(counts, out, workers, console)
+
+
+def _run_cells(spec: Sweep, out: Path, run, console: Console, seeds: int, max_seeds: int, by: list[str],
+               max_regret: float) -> dict:
+    """Run the sweep (with --seeds above 1, until its panels' verdicts are decided), SIGTERM taken as Ctrl-C;
+    its counts."""
     old = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: workers checkpoint and hand back their cells
     try:
-        run = lambda sw: run_sweep(sw, out, workers, executor, ray_address, progress=not quiet,  # noqa: E731
-                                   retry_failed=retry_failed)
         if seeds > 1:
             spec, counts = run_sweep_until_decided(spec, out, run, by, max_regret, min(seeds, max_seeds),
                                                    max_seeds)
@@ -92,15 +93,36 @@ def sweep(
         else:
             counts = run(spec)
     except (SweepError, ValueError, RuntimeError, OSError) as e:
-        if not (isinstance(e, WorkerStopped) and e.said):  # else each worker printed its one line
-            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        if isinstance(e, WorkerStopped) and e.said:  # each worker printed its one line
+            raise typer.Exit(2) from None
+        _error_exit(console, e)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM
         console.print(f"interrupted: running cells were checkpointed and handed back; run the same command "
                       f"to resume ({out})")
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, old)
+    return counts
+
+
+def _error_exit(console: Console, e: Exception) -> NoReturn:
+    """Say the error in one line and exit 2."""
+    console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+    raise typer.Exit(2) from None
+
+
+def _show_status(store: SweepStore, metric: str, console: Console) -> None:
+    """`moga sweep status DIR`: the grid of the store's cells."""
+    try:
+        spec = store.definition()["spec"]
+        table = status_table(store, spec["lr_key"], metric)
+    except (SweepError, OSError) as e:  # OSError: a symlink planted at sweep.db (moga.files.UnsafeFile)
+        _error_exit(console, e)
+    Console(width=max(console.width, 40 + 9 * len(table.columns))).print(table)  # never squash the grid
+
+
+def _report_counts(counts: dict, out: Path, workers: int, console: Console) -> None:
+    """What the run did; failed cells exit 1 with the last line of their first errors."""
     summary = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "seconds")
     console.print(f"done in {counts['seconds']} s with {workers} worker(s): {summary}", soft_wrap=True)
     failed = counts.get(Status.FAILED, 0)

@@ -338,25 +338,7 @@ class Trainer:
             reason = divergence(cfg.train, loss, self.initial_loss)
             if reason is not None:
                 return self._diverged(loss, reason)
-            found_inf = None
-            if cfg.train.grad_clip is not None:  # the global norm: over DTensor shards, a sum over ranks
-                self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
-                if isinstance(self.optimizer, GeometryOptimizer):  # it need not read the gradients again
-                    found_inf = nonfinite_flag(self.grad_norm)
-            # The schedule is the one writer of the lr; the step rule (if any) is a factor on it.
-            lr_factor = self.schedule.factor(self.step)
-            # the base rate, not group 0's multiplied one
-            base = base_lr(self.optimizer.param_groups[0], "initial_lr")
-            lr_factor *= self.instruments.lr_scale(self.step, base * lr_factor)
-            for group in self.optimizer.param_groups:
-                group["lr"] = group["initial_lr"] * lr_factor
-            self.instruments.before_step(self.step)  # diagnostics' first probe
-            if getattr(self.optimizer, "needs_loss", False):
-                self.optimizer.step(loss=loss)
-            elif found_inf is not None:
-                self.optimizer.step(found_inf=found_inf)
-            else:
-                self.optimizer.step()
+            self._optimizer_step(loss)
             self.step += 1
             diagnostics = self.instruments.after_step(self.step, self._epoch())
             if diagnostics is not None:
@@ -386,6 +368,28 @@ class Trainer:
             if stop and self.step < self.total:
                 return self._stopped()
         return self._finish()
+
+    def _optimizer_step(self, loss: float) -> None:
+        """Clip the gradients (if asked), set this step's lr and take the optimizer's step."""
+        clip, found_inf = self.cfg.train.grad_clip, None
+        if clip is not None:  # the global norm: over DTensor shards, a sum over ranks
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            if isinstance(self.optimizer, GeometryOptimizer):  # it need not read the gradients again
+                found_inf = nonfinite_flag(self.grad_norm)
+        # The schedule is the one writer of the lr; the step rule (if any) is a factor on it.
+        lr_factor = self.schedule.factor(self.step)
+        # the base rate, not group 0's multiplied one
+        base = base_lr(self.optimizer.param_groups[0], "initial_lr")
+        lr_factor *= self.instruments.lr_scale(self.step, base * lr_factor)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * lr_factor
+        self.instruments.before_step(self.step)  # diagnostics' first probe
+        if getattr(self.optimizer, "needs_loss", False):
+            self.optimizer.step(loss=loss)
+        elif found_inf is not None:
+            self.optimizer.step(found_inf=found_inf)
+        else:
+            self.optimizer.step()
 
     def _stopped(self) -> dict:
         """Not a result: the run continues when ``run`` is called again (nothing is written but the checkpoint)."""

@@ -59,14 +59,7 @@ def reproduce_command(
         _list(scale if not quick else "quick")
         return
     if table:
-        try:
-            if readme is not None:
-                typer.echo(update_readme(readme, runs, readme.parent / "docs" / "reproduce"))
-            else:
-                typer.echo(results_table(load_outcomes(runs)))
-        except (ReproduceError, OSError) as e:  # a damaged outcome.json, a README that cannot be written
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(1) from None
+        _echo_table(runs, readme)
         return
     if name is None:
         raise typer.BadParameter("name a reproduction (moga reproduce --list shows them), or all")
@@ -78,32 +71,54 @@ def reproduce_command(
     except ReproduceError as e:
         raise typer.BadParameter(str(e)) from None
 
+    options = dict(workers=workers, executor=executor, ray_address=ray_address, max_regret=max_regret,
+                   progress=not quiet, min_seeds=min(seeds, max_seeds), max_seeds=max_seeds)
     failed = []
     for n in names:
         target = out if out is not None and len(names) == 1 else (out or Path("runs/reproduce") / scale) / n
         typer.echo(f"== {n} ({scale}) -> {target}")
-        try:
-            with writer_lock(Path(target) / LOCK, wait=wait, on_wait=lambda pid: typer.echo(
-                    f"waiting for {target}: in use by PID {pid or '?'}", err=True)):
-                for aside in set_aside_all(target) if rebuild else ():
-                    typer.echo(f"set the old store aside as {aside}; rebuilding it")
-                result = reproduce(get(n), target, scale, workers=workers, executor=executor,
-                                   ray_address=ray_address, data=data if len(names) == 1 else None,
-                                   max_regret=max_regret, progress=not quiet,
-                                   min_seeds=min(seeds, max_seeds), max_seeds=max_seeds)
-        # DirectoryBusy too; OSError: a symlink planted in the store (moga.files.UnsafeFile)
-        except (ReproduceError, SweepError, OSError, RuntimeError) as e:
-            typer.echo(f"{n}: error: {e}", err=True)
+        result = _reproduce_one(n, target, scale, wait, rebuild, data=data if len(names) == 1 else None, **options)
+        if result is None:
             failed.append(n)
             continue
-        typer.echo(f"{n}: {result['outcome'].upper()}: {result['claim']}")
-        if result.get("key"):
-            typer.echo(f"  key: {result['key']}")
-        for line in result.get("details", []):
-            typer.echo(f"  {line}")
-        typer.echo(f"  report: {result.get('report')}")
+        _echo_result(n, result)
     if failed:
         raise typer.Exit(1)
+
+
+def _echo_table(runs: Path, readme: Path | None) -> None:
+    """--table: the results table from the outcomes under ``runs``, or (``readme``) written into that README."""
+    try:
+        if readme is not None:
+            typer.echo(update_readme(readme, runs, readme.parent / "docs" / "reproduce"))
+        else:
+            typer.echo(results_table(load_outcomes(runs)))
+    except (ReproduceError, OSError) as e:  # a damaged outcome.json, a README that cannot be written
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _reproduce_one(n: str, target: Path, scale: str, wait: bool, rebuild: bool, **options) -> dict | None:
+    """Reproduction ``n`` in ``target`` under its lock; None (the error said) when it could not run."""
+    try:
+        with writer_lock(Path(target) / LOCK, wait=wait, on_wait=lambda pid: typer.echo(
+                f"waiting for {target}: in use by PID {pid or '?'}", err=True)):
+            for aside in set_aside_all(target) if rebuild else ():
+                typer.echo(f"set the old store aside as {aside}; rebuilding it")
+            return reproduce(get(n), target, scale, **options)
+    # DirectoryBusy too; OSError: a symlink planted in the store (moga.files.UnsafeFile)
+    except (ReproduceError, SweepError, OSError, RuntimeError) as e:
+        typer.echo(f"{n}: error: {e}", err=True)
+        return None
+
+
+def _echo_result(n: str, result: dict) -> None:
+    typer.echo(f"{n}: {result['outcome'].upper()}: {result['claim']}")
+    if result.get("key"):
+        typer.echo(f"  key: {result['key']}")
+    for line in result.get("details", []):
+        typer.echo(f"  {line}")
+    typer.echo(f"  report: {result.get('report')}")
 
 
 def _list(scale: str) -> None:

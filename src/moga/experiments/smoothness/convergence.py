@@ -166,33 +166,10 @@ def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[
             result["missing"].append(data)
             log(f"{data}: not present, skipped")
             continue
-        epochs = s["cifar_epochs"] if data.startswith("cifar") else s["epochs"]
-        model = {"name": "feedforward", "width": s["width"], "depth": s["depth"], "activation": "gelu"}
-        base = _config(f"ff-{data}", model, data, {}, epochs, s["batch_size"], s)
-        rates = constant_rates(_range(base, out, s, log)["suggestion"], s["constant_rates"])
-        per_seed = []  # [adaptive, constant at each rate] per seed, the same rates on every seed
-        for seed in seeds:
-            per_seed.append([_run(_seeded({**base, "name": f"ff-{data}-adaptive",
-                                           "optim": {"name": "adaptive-gd", "lr": s["alpha"]}}, seed), out, log)]
-                            + [_run(_seeded({**base, "name": f"ff-{data}-constant-{lr:.3g}",
-                                             "optim": {"name": "sgd", "lr": lr}}, seed), out, log) for lr in rates])
-        adaptive_losses = [_loss(rs[0]) for rs in per_seed]
-        constant_losses = {lr: [_loss(rs[1 + i]) for rs in per_seed] for i, lr in enumerate(rates)}
-        gain = paired_gain(adaptive_losses, constant_losses)
-        runs = per_seed[0]
-        adaptive = runs[0]
-        result["adaptive_vs_constant"].append({
-            "data": data, "epochs": epochs, "constant_rates": rates, "runs": [r for rs in per_seed for r in rs],
-            "adaptive_final_loss": float(np.mean(adaptive_losses)),
-            "best_constant_lr": gain["best_constant_lr"],
-            "best_constant_final_loss": float(np.mean(constant_losses[gain["best_constant_lr"]])),
-            "held": gain["difference"] > 0, "gain": gain, "verdict": gain["verdict"]})
-        numbers["adaptive_vs_constant"].append({
-            "data": data, "seeds": seeds, "adaptive": adaptive_losses,
-            "constant": [{"lr": lr, "losses": v} for lr, v in constant_losses.items()]})
-        panels.append({"title": f"feedforward L={s['depth']}, width {s['width']}, {data}", "ylabel": "training loss",
-                       "logy": True, "curves": [_curve(r, "adaptive" if r is adaptive else f"lr {r['optim']['lr']:.3g}")
-                                                for r in runs]})
+        entry, seed_numbers, panel = _adaptive_vs_constant(data, out, s, seeds, log)
+        result["adaptive_vs_constant"].append(entry)
+        numbers["adaptive_vs_constant"].append(seed_numbers)
+        panels.append(panel)
     # 2. the shared-weights net over depths, and 3. L = 2 on a longer run
     data = next((d for d in s["data"] if _available(d)), None)
     if data is not None and s["shared_depths"]:
@@ -217,6 +194,39 @@ def convergence_experiment(out: str | Path, quick: bool = False, log: Callable[[
     if panels:
         result["files"] = {"figure": str(plot_curves(panels, out / "convergence.png"))}
     return write_results(out, result, _convergence_summary(result))
+
+
+def _adaptive_vs_constant(data: str, out: Path, s: dict, seeds: list[int], log) -> tuple[dict, dict, dict]:
+    """The feedforward net on ``data``, adaptive against the constant rates of its range test, on every seed:
+    (the result's entry, the per-seed numbers .checks decides on, the figure's panel)."""
+    epochs = s["cifar_epochs"] if data.startswith("cifar") else s["epochs"]
+    model = {"name": "feedforward", "width": s["width"], "depth": s["depth"], "activation": "gelu"}
+    base = _config(f"ff-{data}", model, data, {}, epochs, s["batch_size"], s)
+    rates = constant_rates(_range(base, out, s, log)["suggestion"], s["constant_rates"])
+    per_seed = []  # [adaptive, constant at each rate] per seed, the same rates on every seed
+    for seed in seeds:
+        per_seed.append([_run(_seeded({**base, "name": f"ff-{data}-adaptive",
+                                       "optim": {"name": "adaptive-gd", "lr": s["alpha"]}}, seed), out, log)]
+                        + [_run(_seeded({**base, "name": f"ff-{data}-constant-{lr:.3g}",
+                                         "optim": {"name": "sgd", "lr": lr}}, seed), out, log) for lr in rates])
+    adaptive_losses = [_loss(rs[0]) for rs in per_seed]
+    constant_losses = {lr: [_loss(rs[1 + i]) for rs in per_seed] for i, lr in enumerate(rates)}
+    gain = paired_gain(adaptive_losses, constant_losses)
+    runs = per_seed[0]
+    adaptive = runs[0]
+    entry = {
+        "data": data, "epochs": epochs, "constant_rates": rates, "runs": [r for rs in per_seed for r in rs],
+        "adaptive_final_loss": float(np.mean(adaptive_losses)),
+        "best_constant_lr": gain["best_constant_lr"],
+        "best_constant_final_loss": float(np.mean(constant_losses[gain["best_constant_lr"]])),
+        "held": gain["difference"] > 0, "gain": gain, "verdict": gain["verdict"]}
+    seed_numbers = {
+        "data": data, "seeds": seeds, "adaptive": adaptive_losses,
+        "constant": [{"lr": lr, "losses": v} for lr, v in constant_losses.items()]}
+    panel = {"title": f"feedforward L={s['depth']}, width {s['width']}, {data}", "ylabel": "training loss",
+             "logy": True, "curves": [_curve(r, "adaptive" if r is adaptive else f"lr {r['optim']['lr']:.3g}")
+                                      for r in runs]}
+    return entry, seed_numbers, panel
 
 
 def _loss(run: dict) -> float:

@@ -118,6 +118,113 @@ def planned_cells(n_lrs: int, min_seeds: int) -> int:
     return n_lrs + DECISIVE_RATES[0] * max(0, min_seeds - 1)
 
 
+def within_budget(flops: float, seconds: float, budget_flops: float | None, budget_seconds: float | None) -> bool:
+    """Whether a cost fits a budget; a bound that is None does not bind."""
+    return (budget_flops is None or flops <= budget_flops) and (budget_seconds is None or seconds <= budget_seconds)
+
+
+@dataclass
+class PlanBudget:
+    """The tuning budget (either bound may be None) and what tuning a list of proxies costs against it."""
+    flops: float | None
+    seconds: float | None
+    cells: int  # planned cells per proxy
+    workers: int
+
+    def plan_cost(self, chosen: list[Size]) -> tuple[float, float]:
+        """FLOPs and seconds (on ``workers`` cores) of tuning ``chosen``."""
+        return sum(s.flops for s in chosen) * self.cells, sum(s.seconds for s in chosen) * self.cells / self.workers
+
+    def affords(self, chosen: list[Size]) -> bool:
+        return within_budget(*self.plan_cost(chosen), self.flops, self.seconds)
+
+
+@dataclass
+class ProxySizer:
+    """Sizes proxies against the target: at its tokens per parameter (``tokens``) or at its steps (``steps``)."""
+    base: dict
+    knobs: Knobs
+    target: Size
+    tokens: int  # per step
+    tpp: float  # the target's tokens per parameter
+
+    def sizes_at(self, mode: str, pair: list[tuple[int, int]]) -> list[Size]:
+        out = []
+        for w, d in pair:
+            steps = self.target.steps
+            if mode == "tokens":
+                params = measure_size(self.base, self.knobs, w, d).params
+                steps = max(1, math.ceil(self.tpp * params / self.tokens))
+            out.append(measure_size(self.base, self.knobs, w, d, steps, self.target.steps))
+        return out
+
+
+def given_ladder(proxies: list[tuple[int, int]], target: tuple[int, int], knobs: Knobs) -> list[tuple[int, int]]:
+    """The user's proxies, checked to lie below the target at valid widths, largest first."""
+    ladder = [tuple(p) for p in proxies]
+    for w, d in ladder:
+        if w > target[0] or d > target[1] or (w, d) == tuple(target):
+            raise TuneError(f"the target {target[0]}x{target[1]} is not larger than proxy {w}x{d}: a proxy must "
+                            "be no wider and no deeper than the target, and not the target itself")
+        if w % knobs.multiple:
+            raise TuneError(f"proxy width {w} is not a multiple of {knobs.multiple} (head_dim x query groups)")
+    return sorted(ladder, reverse=True)
+
+
+def select_proxies(sizer: ProxySizer, budget: PlanBudget, ladder: list[tuple[int, int]], mode: str,
+                   given: bool) -> list[Size] | None:
+    """The largest two consecutive rungs that fit, with the rung below when it fits too (given: all or none)."""
+    if given:  # the user's own: all of them, or none
+        chosen = sizer.sizes_at(mode, ladder)
+        return chosen if budget.affords(chosen) else None
+    for k in range(len(ladder) - 1):
+        pair = sizer.sizes_at(mode, ladder[k:k + 2])
+        if budget.affords(pair):
+            if k + 2 < len(ladder):
+                three = pair + sizer.sizes_at(mode, ladder[k + 2:k + 3])
+                if budget.affords(three):
+                    return three
+            return pair
+    return None
+
+
+def choose_regime(sizer: ProxySizer, budget: PlanBudget, ladder: list[tuple[int, int]], regime: str,
+                  min_steps: int, given: bool, reasons: list[str]) -> tuple[str, list[Size] | None]:
+    """(mode, proxies or None when none fit) in the regime asked for, ``auto`` resolved; the reason appended."""
+    t, tpp = sizer.target, sizer.tpp
+    mode = "tokens" if regime in ("auto", "tokens") else "steps"
+    chosen = select_proxies(sizer, budget, ladder, mode, given)
+    if regime == "auto" and chosen is not None and min(s.steps for s in chosen) < min(min_steps, t.steps):
+        short = min(chosen, key=lambda s: s.steps)
+        reasons.append(f"regime steps: at {tpp:.3g} tokens per parameter proxy {short.label} would train "
+                       f"{short.steps} steps, too short for the schedule to mean what it means at the target; "
+                       f"every proxy trains the target's {t.steps} steps at its batch instead (the papers' regime: "
+                       "width and depth transfer at a fixed horizon)")
+        mode, chosen = "steps", select_proxies(sizer, budget, ladder, "steps", given)
+    elif regime == "auto" and chosen is None:
+        mode, chosen = "steps", None  # the budget is the problem: said by the caller
+    elif mode == "tokens":
+        reasons.append(f"regime tokens: every proxy trains at the target's {tpp:.3g} tokens per parameter, at its "
+                       "batch, so the proxies and the target lie on one line of constant tokens per parameter")
+    else:
+        reasons.append(f"regime steps: every proxy trains the target's {t.steps} steps at its batch (the papers' "
+                       "regime: width and depth transfer at a fixed horizon)")
+    return mode, chosen
+
+
+def budget_too_small(sizer: ProxySizer, budget: PlanBudget, ladder: list[tuple[int, int]], regime: str,
+                     n_lrs: int) -> TuneError:
+    """The error that says what the two smallest proxies would need."""
+    cheapest = sizer.sizes_at("tokens" if regime == "tokens" else "steps", ladder[-2:])
+    need, secs = budget.plan_cost(cheapest)
+    given = (f"{budget.flops:.3g} FLOPs" if budget.flops is not None else "") + \
+        (" and " if budget.flops is not None and budget.seconds is not None else "") + \
+        (f"{budget.seconds:.0f} s" if budget.seconds is not None else "")
+    return TuneError(f"budget {given} is too small for two proxies: the two smallest "
+                     f"({', '.join(s.label for s in cheapest)}) need {need:.3g} FLOPs (about {secs:.0f} s on "
+                     f"{budget.workers} core(s)) for {n_lrs} rates and the seeds; give at least that, or a shorter run")
+
+
 def plan_tuning(base: dict, knobs: Knobs, target: tuple[int, int], n_lrs: int, *, budget_flops: float | None = None,
          budget_seconds: float | None = None, regime: str = "auto", min_steps: int = MIN_STEPS, min_seeds: int = 3,
          workers: int = 1, depth_every: int = 2, proxies: list[tuple[int, int]] | None = None) -> Plan:
@@ -127,83 +234,21 @@ def plan_tuning(base: dict, knobs: Knobs, target: tuple[int, int], n_lrs: int, *
         raise TuneError("give a tuning budget: FLOPs (--budget-flops) or wall time (--budget-time)")
     t = measure_size(base, knobs, *target)
     tokens = per_step(base)
-    tpp = t.steps * tokens / t.params
-    ladder = [tuple(p) for p in proxies] if proxies else rungs(target, knobs, depth_every)
-    if proxies:
-        for w, d in ladder:
-            if w > target[0] or d > target[1] or (w, d) == tuple(target):
-                raise TuneError(f"the target {target[0]}x{target[1]} is not larger than proxy {w}x{d}: a proxy must "
-                                "be no wider and no deeper than the target, and not the target itself")
-            if w % knobs.multiple:
-                raise TuneError(f"proxy width {w} is not a multiple of {knobs.multiple} (head_dim x query groups)")
-        ladder = sorted(ladder, reverse=True)
+    sizer = ProxySizer(base, knobs, t, tokens, t.steps * tokens / t.params)
+    ladder = given_ladder(proxies, target, knobs) if proxies else rungs(target, knobs, depth_every)
     if len(ladder) < 2:
         raise TuneError(f"the target {target[0]}x{target[1]} is too small for two proxies below it (widths halve and "
                         f"stay multiples of {knobs.multiple}): give a larger target")
     cells = planned_cells(n_lrs, min_seeds)
+    budget = PlanBudget(budget_flops, budget_seconds, cells, workers)
     reasons = [f"target {t.width}x{t.depth}: {t.params:,} parameters, {t.steps} steps of {tokens} "
                f"{'tokens' if build_config(base).data.kind == 'text' else 'examples'}: "
-               f"{tpp:.3g} per parameter"]
-
-    def sizes(mode: str, pair: list[tuple[int, int]]) -> list[Size]:
-        out = []
-        for w, d in pair:
-            steps = t.steps
-            if mode == "tokens":
-                params = measure_size(base, knobs, w, d).params
-                steps = max(1, math.ceil(tpp * params / tokens))
-            out.append(measure_size(base, knobs, w, d, steps, t.steps))
-        return out
-
-    def fits(chosen: list[Size]) -> bool:
-        flops = sum(s.flops for s in chosen) * cells
-        seconds = sum(s.seconds for s in chosen) * cells / workers
-        return (budget_flops is None or flops <= budget_flops) and (budget_seconds is None or seconds <= budget_seconds)
-
-    def select(mode: str) -> list[Size] | None:
-        if proxies:  # the user's own: all of them, or none
-            given = sizes(mode, ladder)
-            return given if fits(given) else None
-        for k in range(len(ladder) - 1):
-            pair = sizes(mode, ladder[k:k + 2])
-            if fits(pair):
-                if k + 2 < len(ladder):
-                    three = pair + sizes(mode, ladder[k + 2:k + 3])
-                    if fits(three):
-                        return three
-                return pair
-        return None
-
-    mode = "tokens" if regime in ("auto", "tokens") else "steps"
-    chosen = select(mode)
-    if regime == "auto" and chosen is not None and min(s.steps for s in chosen) < min(min_steps, t.steps):
-        short = min(chosen, key=lambda s: s.steps)
-        reasons.append(f"regime steps: at {tpp:.3g} tokens per parameter proxy {short.label} would train "
-                       f"{short.steps} steps, too short for the schedule to mean what it means at the target; "
-                       f"every proxy trains the target's {t.steps} steps at its batch instead (the papers' regime: "
-                       "width and depth transfer at a fixed horizon)")
-        mode, chosen = "steps", select("steps")
-    elif regime == "auto" and chosen is None:
-        mode, chosen = "steps", None  # the budget is the problem: said below
-    elif mode == "tokens":
-        reasons.append(f"regime tokens: every proxy trains at the target's {tpp:.3g} tokens per parameter, at its "
-                       "batch, so the proxies and the target lie on one line of constant tokens per parameter")
-    else:
-        reasons.append(f"regime steps: every proxy trains the target's {t.steps} steps at its batch (the papers' "
-                       "regime: width and depth transfer at a fixed horizon)")
+               f"{sizer.tpp:.3g} per parameter"]
+    mode, chosen = choose_regime(sizer, budget, ladder, regime, min_steps, bool(proxies), reasons)
     if chosen is None:
-        cheapest = sizes("tokens" if regime == "tokens" else "steps", ladder[-2:])
-        need = sum(s.flops for s in cheapest) * cells
-        secs = sum(s.seconds for s in cheapest) * cells / workers
-        given = (f"{budget_flops:.3g} FLOPs" if budget_flops is not None else "") + \
-            (" and " if budget_flops is not None and budget_seconds is not None else "") + \
-            (f"{budget_seconds:.0f} s" if budget_seconds is not None else "")
-        raise TuneError(f"budget {given} is too small for two proxies: the two smallest "
-                        f"({', '.join(s.label for s in cheapest)}) need {need:.3g} FLOPs (about {secs:.0f} s on "
-                        f"{workers} core(s)) for {n_lrs} rates and the seeds; give at least that, or a shorter run")
+        raise budget_too_small(sizer, budget, ladder, regime, n_lrs)
     chosen = sorted(chosen, key=lambda s: (s.width, s.depth))
-    flops = sum(s.flops for s in chosen) * cells
-    seconds = sum(s.seconds for s in chosen) * cells / workers
+    flops, seconds = budget.plan_cost(chosen)
     largest = chosen[-1]
     reasons.append(f"proxies {', '.join(s.label for s in chosen)}: the largest "
                    f"{'given' if proxies else 'rungs of the ladder (width halves each rung, depth every ' + str(depth_every) + ')'}"

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from moga.experiments.tune.knobs import TuneError, model_section, resolve_knobs, target_size
-from moga.experiments.tune.plan import MIN_STEPS, Size, config_at, measure_size, plan_tuning, rungs
+from moga.experiments.tune.plan import MIN_STEPS, Size, config_at, measure_size, plan_tuning, rungs, within_budget
 from moga.experiments.tune.predict import MAX_EXTRAPOLATION, predict
 from moga.experiments.tune.report import render, snippets
 from moga.optim.registry import OPTIMIZERS, UNIT_STEP_OPTIMIZERS
@@ -135,12 +135,49 @@ class Budget:
         return sum(s.flops for s in sizes), sum(s.seconds for s in sizes) / self.workers
 
     def allows(self, cells: list[dict]) -> bool:
-        f, s = self.cost(cells)
-        return (self.flops is None or f <= self.flops) and (self.seconds is None or s <= self.seconds)
+        return within_budget(*self.cost(cells), self.flops, self.seconds)
+
+
+class ProxySweep:
+    """The proxies' lr sweep on the store at ``out``: built from a grid and the seed cells included, trained and
+    analysed into the one panel the decision reads."""
+
+    def __init__(self, base: dict, knobs, plan, out: Path, max_regret: float, **run_options):
+        self.base, self.knobs, self.plan, self.out, self.max_regret = base, knobs, plan, out, max_regret
+        self.wkey = f"model.{knobs.width_key}"
+        self.run_options = run_options  # run_sweep's workers, executor, ray_address, progress
+
+    def proxy_sweep(self, grid: list[float], include: list[dict]) -> Sweep:
+        return Sweep.from_dict(sweep_dict(self.base, self.knobs, self.plan.proxies, self.plan.target.steps, grid,
+                                          include))
+
+    def checked_sweep(self, grid: list[float], include: list[dict]) -> Sweep:
+        """The sweep, a config it cannot build said in one line."""
+        try:
+            return self.proxy_sweep(grid, include)
+        except (SweepError, ConfigError) as e:
+            raise TuneError(str(e).splitlines()[-1].strip()) from None
+
+    def train_cells(self, sweep: Sweep) -> dict:
+        return run_sweep(sweep, self.out, **self.run_options, retry_failed=True)
+
+    def tuning_panel(self):
+        """(the store's rows, their panel)."""
+        rows = records(SweepStore(self.out))
+        return rows, analyze(rows, scale_key=self.wkey, group_keys=GROUP, max_regret=self.max_regret)[0]
 
 
 def _trained(store: SweepStore) -> int:
     return sum(e["event"] in ("claim", "retake") for e in store.events()) if store.exists() else 0
+
+
+def stored_grid(store: SweepStore, grid: list[float]) -> list[float]:
+    """The grid with the rates an earlier run extended it by."""
+    if store.exists():
+        stored = store.definition()["spec"]["axes"].get("optim.lr")
+        if isinstance(stored, list):
+            return sorted(set(grid) | {float(v) for v in stored})
+    return grid
 
 
 def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width: int | None = None,
@@ -159,46 +196,48 @@ def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width
     Bad input raises :class:`TuneError` with one line. Re-running with the same arguments resumes."""
     out = Path(out)
     base, knobs, target, notes = prepare(config, model, width, depth, optimizer, depth_scaling, overrides)
-    grid = lr_grid(base["optim"]["name"], lrs)
     store = SweepStore(out)
-    if store.exists():  # a grid an earlier run extended keeps its rates
-        stored = store.definition()["spec"]["axes"].get("optim.lr")
-        if isinstance(stored, list):
-            grid = sorted(set(grid) | {float(v) for v in stored})
+    grid = stored_grid(store, lr_grid(base["optim"]["name"], lrs))  # a grid an earlier run extended keeps its rates
     p = plan_tuning(base, knobs, target, len(grid), budget_flops=budget_flops, budget_seconds=budget_seconds,
              regime=regime, min_steps=min_steps, min_seeds=min_seeds, workers=workers, depth_every=depth_every,
              proxies=proxies)
     for line in notes + p.reasons:
         log(line)
-    wkey = f"model.{knobs.width_key}"
-    budget = Budget(p.proxies, wkey, budget_flops, budget_seconds, workers)
+    ps = ProxySweep(base, knobs, p, out, max_regret, workers=workers, executor=executor, ray_address=ray_address,
+                    progress=progress)
+    budget = Budget(p.proxies, ps.wkey, budget_flops, budget_seconds, workers)
     trained_before = _trained(store)
-    include = stored_include(out, lambda inc: Sweep.from_dict(
-        sweep_dict(base, knobs, p.proxies, p.target.steps, grid, inc)))
+    grid, rows, panel, stops = settle_sweep(ps, budget, grid, min_seeds, max_seeds, log)
+    result = judge(base, knobs, p, panel, rows, ps.wkey, grid, max_regret, stops, out)
+    result["cells_trained"] = _trained(SweepStore(out)) - trained_before
+    result["notes"] = notes
+    write_json(out / "tune.json", json_safe(result))
+    write_text(out / "tune.md", render(result))
+    log(render(result, short=True))
+    return result
+
+
+def settle_sweep(ps: ProxySweep, budget: Budget, grid: list[float], min_seeds: int, max_seeds: int,
+                 log: Callable[[str], None]):
+    """Run the sweep, growing the grid past optima on its edges and adding the seeds the decision wants while the
+    budget lasts; (grid, rows, panel, why it stopped short)."""
+    out, wkey = ps.out, ps.wkey
+    include = stored_include(out, lambda inc: ps.proxy_sweep(grid, inc))
     extensions, stops = 0, []
     while True:
-        try:
-            sweep = Sweep.from_dict(sweep_dict(base, knobs, p.proxies, p.target.steps, grid, include))
-        except (SweepError, ConfigError) as e:
-            raise TuneError(str(e).splitlines()[-1].strip()) from None
-        log(f"sweep: {len(sweep.cells)} cells on {len(p.proxies)} proxies -> {out}")
-        counts = run_sweep(sweep, out, workers=workers, executor=executor, ray_address=ray_address,
-                           progress=progress, retry_failed=True)
+        sweep = ps.checked_sweep(grid, include)
+        log(f"sweep: {len(sweep.cells)} cells on {len(ps.plan.proxies)} proxies -> {out}")
+        counts = ps.train_cells(sweep)
         if counts.get("failed"):
             errors = [c for c in SweepStore(out).cells() if c["status"] == "failed" and c["error"]]
             why = errors[0]["error"].strip().splitlines()[-1] if errors else "see the store"
             raise TuneError(f"{counts['failed']} proxy cells failed ({why}); `moga sweep status {out}` shows them")
-        rows = records(SweepStore(out))
-        panel = analyze(rows, scale_key=wkey, group_keys=GROUP, max_regret=max_regret)[0]
+        rows, panel = ps.tuning_panel()
         edges = [c for c in panel.curves if c.status != "ok"]
         if edges:
-            grown = _grow(grid, edges)
-            if grown is None or extensions >= MAX_EXTENSIONS:
-                stops.append("an optimum stays on the lr grid's edge: give a wider grid (lrs)")
-                break
-            new = [{wkey: p_.width, "optim.lr": lr} for p_ in p.proxies for lr in grown if lr not in grid]
-            if not budget.allows([*sweep.cells, *new]):
-                stops.append("the budget ends before the lr grid could grow past an optimum on its edge")
+            grown, stop = grow_past_edges(grid, edges, extensions, budget, sweep.cells, ps)
+            if stop:
+                stops.append(stop)
                 break
             log(f"an optimum is on the grid's edge: the grid grows to {', '.join(f'{v:g}' for v in grown if v not in grid)}")
             grid, extensions = sorted(set(grid) | set(grown)), extensions + 1
@@ -207,10 +246,7 @@ def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width
         extra = more_seeds([panel], rows, wkey, GROUP, params.__getitem__, min_seeds, max_seeds)
         if not extra:
             break
-        affordable = []
-        for cell in extra:
-            if budget.allows([*sweep.cells, *affordable, cell]):
-                affordable.append(cell)
+        affordable = affordable_seeds(budget, sweep.cells, extra)
         if not affordable:
             stops.append(f"the budget ends before the seeds the decision wants ({len(extra)} more cells)")
             break
@@ -218,19 +254,31 @@ def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width
         include = include + affordable
         if len(affordable) < len(extra):
             stops.append(f"the budget ran {len(extra) - len(affordable)} seed cells short of what the decision wants")
-            sweep = Sweep.from_dict(sweep_dict(base, knobs, p.proxies, p.target.steps, grid, include))
-            run_sweep(sweep, out, workers=workers, executor=executor, ray_address=ray_address, progress=progress,
-                      retry_failed=True)
-            rows = records(SweepStore(out))
-            panel = analyze(rows, scale_key=wkey, group_keys=GROUP, max_regret=max_regret)[0]
+            ps.train_cells(ps.proxy_sweep(grid, include))
+            rows, panel = ps.tuning_panel()
             break
-    result = judge(base, knobs, p, panel, rows, wkey, grid, max_regret, stops, out)
-    result["cells_trained"] = _trained(SweepStore(out)) - trained_before
-    result["notes"] = notes
-    write_json(out / "tune.json", json_safe(result))
-    write_text(out / "tune.md", render(result))
-    log(render(result, short=True))
-    return result
+    return grid, rows, panel, stops
+
+
+def grow_past_edges(grid: list[float], edges, extensions: int, budget: Budget, cells: list[dict],
+                    ps: ProxySweep) -> tuple[list[float] | None, str | None]:
+    """(the grid grown one rate past each optimum on its edge, None) or (None, why it cannot grow)."""
+    grown = _grow(grid, edges)
+    if grown is None or extensions >= MAX_EXTENSIONS:
+        return None, "an optimum stays on the lr grid's edge: give a wider grid (lrs)"
+    new = [{ps.wkey: p_.width, "optim.lr": lr} for p_ in ps.plan.proxies for lr in grown if lr not in grid]
+    if not budget.allows([*cells, *new]):
+        return None, "the budget ends before the lr grid could grow past an optimum on its edge"
+    return grown, None
+
+
+def affordable_seeds(budget: Budget, cells: list[dict], extra: list[dict]) -> list[dict]:
+    """The seed cells, in order, that the budget still holds after ``cells``."""
+    affordable = []
+    for cell in extra:
+        if budget.allows([*cells, *affordable, cell]):
+            affordable.append(cell)
+    return affordable
 
 
 def _grow(grid: list[float], edges) -> list[float] | None:
@@ -247,16 +295,15 @@ def _grow(grid: list[float], edges) -> list[float] | None:
     return sorted(set(out))
 
 
-def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[float], max_regret: float,
-          stops: list[str], out: Path) -> dict:
-    """The rate, the predicted regret, whether extrapolating is justified, what to run next, FLOPs, snippets."""
+def tuning_record(base: dict, p, panel, rows: list[dict], wkey: str, grid: list[float], max_regret: float) -> dict:
+    """What the tuning ran and found, before the rate: plan, grid, the panel's verdict, each proxy's curve, FLOPs."""
     proxies, target = p.proxies, p.target
     by_width = {s.width: s for s in proxies}
     counted = [r for r in rows if r.get(wkey) in by_width]
     tuning_flops = sum(by_width[r[wkey]].flops for r in counted)
     per_proxy = max(sum(r.get(wkey) == w for r in counted) for w in by_width)
     at_target = per_proxy * target.flops
-    result: dict[str, Any] = {
+    return {
         "target": target.to_dict(), "plan": p.to_dict(), "model": base["model"].get("name"),
         "optimizer": base["optim"]["name"], "depth_scaling": base["model"].get("depth_scaling", "none"),
         "lr_grid": grid, "decision": {"verdict": panel.verdict, "line": panel.verdict_line,
@@ -267,6 +314,13 @@ def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[f
                      "seeds": max(c.n_seeds), "curve": {"lrs": c.lrs, "loss": c.loss, "n_seeds": c.n_seeds}}
                     for s, c in zip(proxies, panel.curves)],
     }
+
+
+def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[float], max_regret: float,
+          stops: list[str], out: Path) -> dict:
+    """The rate, the predicted regret, whether extrapolating is justified, what to run next, FLOPs, snippets."""
+    proxies, target = p.proxies, p.target
+    result = tuning_record(base, p, panel, rows, wkey, grid, max_regret)
     trusted = len(panel.curves) == len(proxies) and all(c.trusted for c in panel.curves)
     if not trusted:
         result.update(rate=None, prediction=None, justified=False,
@@ -276,6 +330,22 @@ def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[f
     pred = predict(panel.curves, [math.log2(s.params) for s in proxies], math.log2(target.params))
     result["prediction"] = pred.to_dict()
     result["rate"] = pred.lr
+    why, nxt = rate_doubts(base, knobs, p, panel, pred, min(s["seeds"] for s in result["proxies"]), max_regret)
+    why = stops + why
+    result.update(justified=not why, why=why or [
+        f"the proxies transfer ({panel.verdict_line}); the predicted regret at the target is at most "
+        f"{100 * pred.regret_interval[1]:.1f}% (95% upper bound), within {100 * max_regret:g}%; the target lies "
+        f"{pred.extrapolation:.2f}x the proxies' span beyond the largest"], next=nxt)
+    cfg = config_at(base, knobs, target.width, target.depth)
+    cfg.setdefault("optim", {})["lr"] = pred.lr
+    write_text(out / "target.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    result["snippets"] = snippets(cfg, out / "target.yaml")
+    return result
+
+
+def rate_doubts(base: dict, knobs, p, panel, pred, seeds: int, max_regret: float) -> tuple[list[str], list[str]]:
+    """(why the predicted rate is not justified, what to run next): empty lists when it is. ``seeds``: the
+    fewest seeds at a proxy."""
     why, nxt = [], []
     verdict = panel.verdict
     if verdict == DOES_NOT_TRANSFER:
@@ -290,7 +360,6 @@ def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[f
     elif too_wide:
         why.append(f"the predicted regret's upper bound {100 * pred.regret_interval[1]:.1f}% exceeds "
                    f"{100 * max_regret:g}%")
-        seeds = min(s["seeds"] for s in result["proxies"])
         need = math.ceil(seeds * pred.regret_interval[1] / max_regret)
         if need <= MAX_SEEDS_QUOTED:
             nxt.append(f"more seeds: about {need} at each proxy's decisive rates (the upper bound shrinks about as "
@@ -302,23 +371,18 @@ def judge(base: dict, knobs, p, panel, rows: list[dict], wkey: str, grid: list[f
         why.append(f"the target lies {pred.extrapolation:.1f}x the proxies' span of log size beyond the largest "
                    f"(at most {MAX_EXTRAPOLATION:g}x is extrapolated)")
     if pred.extrapolation > MAX_EXTRAPOLATION or verdict == DOES_NOT_TRANSFER or bent or too_wide:
-        ladder = rungs((target.width, target.depth), knobs, p.depth_every)
-        up = [r for r in ladder if r[0] > proxies[-1].width]
-        if up:
-            bigger = measure_size(base, knobs, *up[-1], proxies[-1].steps if p.regime == "steps" else None,
-                                  target.steps)
-            nxt.append(f"a larger proxy: {bigger.label} ({bigger.flops:.3g} FLOPs a cell), which shortens the "
-                       "extrapolation")
-        else:
-            nxt.append(f"tune at the target itself: no rung lies between the largest proxy and the target "
-                       f"({target.flops:.3g} FLOPs a cell)")
-    why = stops + why
-    result.update(justified=not why, why=why or [
-        f"the proxies transfer ({panel.verdict_line}); the predicted regret at the target is at most "
-        f"{100 * pred.regret_interval[1]:.1f}% (95% upper bound), within {100 * max_regret:g}%; the target lies "
-        f"{pred.extrapolation:.2f}x the proxies' span beyond the largest"], next=nxt)
-    cfg = config_at(base, knobs, target.width, target.depth)
-    cfg.setdefault("optim", {})["lr"] = pred.lr
-    write_text(out / "target.yaml", yaml.safe_dump(cfg, sort_keys=False))
-    result["snippets"] = snippets(cfg, out / "target.yaml")
-    return result
+        nxt.append(larger_proxy_advice(base, knobs, p))
+    return why, nxt
+
+
+def larger_proxy_advice(base: dict, knobs, p) -> str:
+    """The next rung above the largest proxy to tune on, or the target itself when none lies between."""
+    proxies, target = p.proxies, p.target
+    ladder = rungs((target.width, target.depth), knobs, p.depth_every)
+    up = [r for r in ladder if r[0] > proxies[-1].width]
+    if up:
+        bigger = measure_size(base, knobs, *up[-1], proxies[-1].steps if p.regime == "steps" else None,
+                              target.steps)
+        return f"a larger proxy: {bigger.label} ({bigger.flops:.3g} FLOPs a cell), which shortens the extrapolation"
+    return (f"tune at the target itself: no rung lies between the largest proxy and the target "
+            f"({target.flops:.3g} FLOPs a cell)")

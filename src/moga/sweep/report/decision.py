@@ -255,6 +255,32 @@ def decisive_seeds(curve: Curve, x_ref: float) -> int:
     return int(min(counts)) if counts else 0
 
 
+def _scale_stats(k: int, c: Curve, f: FittedCurves, x_ref: np.ndarray, bfits: list[FittedCurves] | None, h: float,
+                 level: float) -> ScaleStats:
+    """Curve ``k``'s stats against the reference (curve 0, optimum ``x_ref``): drift, and but for the reference
+    itself the regret; intervals from the resampled fits ``bfits`` (None: no seed spread)."""
+    noisy = bfits is not None
+    pooled = pooled_relative_sd(c.seed_matrix)
+    st = ScaleStats(
+        scale=c.scale, seeds=decisive_seeds(c, float(x_ref[0])),
+        seed_sd=pooled[0] if pooled else None, optimum_log2=float(f.optimum[0]),
+        optimum_interval=_outer_quantiles(bfits[k].optimum, level) if noisy else None,
+        step_cost=(float(f.curvature[0] * h * h / f.minimum[0]) if np.isfinite(f.curvature[0])
+                   and f.minimum[0] > 0 else None),
+        drift_steps=float((f.optimum[0] - x_ref[0]) / h), drift_interval=None,
+        regret=None, regret_interval=None)
+    if k == 0:
+        return st
+    regret = _regret(f, x_ref)[0]
+    st.regret = None if np.isnan(regret) else float(regret)
+    if noisy:
+        d = (bfits[k].optimum - bfits[0].optimum) / h
+        st.drift_interval = _outer_quantiles(d, level)
+        r = _regret(bfits[k], bfits[0].optimum)
+        st.regret_interval = _outer_quantiles(r, level) if np.mean(np.isnan(r)) < (1 - level) / 2 else None
+    return st
+
+
 def decide_transfer(curves: Sequence[Curve], step_log2: float | None, max_drift_steps: float = 1.0,
                     max_regret: float = 0.02, resamples: int = 1000, level: float = 0.95,
                     seed: int = 0, label=lambda scale: f"scale {scale:g}") -> Decision:
@@ -272,25 +298,10 @@ def decide_transfer(curves: Sequence[Curve], step_log2: float | None, max_drift_
     out = Decision(INCONCLUSIVE, "", None, resamples=resamples if noisy else 0, level=level)
     ok_all, against, needed_for, needed_against = True, [], [], []
     for k, (c, f) in enumerate(zip(curves, fits)):
-        pooled = pooled_relative_sd(c.seed_matrix)
-        st = ScaleStats(
-            scale=c.scale, seeds=decisive_seeds(c, float(x_ref[0])),
-            seed_sd=pooled[0] if pooled else None, optimum_log2=float(f.optimum[0]),
-            optimum_interval=_outer_quantiles(bfits[k].optimum, level) if noisy else None,
-            step_cost=(float(f.curvature[0] * h * h / f.minimum[0]) if np.isfinite(f.curvature[0])
-                       and f.minimum[0] > 0 else None),
-            drift_steps=float((f.optimum[0] - x_ref[0]) / h), drift_interval=None,
-            regret=None, regret_interval=None)
+        st = _scale_stats(k, c, f, x_ref, bfits, h, level)
         out.scales.append(st)
         if k == 0:
             continue
-        regret = _regret(f, x_ref)[0]
-        st.regret = None if np.isnan(regret) else float(regret)
-        if noisy:
-            d = (bfits[k].optimum - bfits[0].optimum) / h
-            st.drift_interval = _outer_quantiles(d, level)
-            r = _regret(bfits[k], bfits[0].optimum)
-            st.regret_interval = _outer_quantiles(r, level) if np.mean(np.isnan(r)) < (1 - level) / 2 else None
         drift_state, n_drift = _judge(st.drift_steps, st.drift_interval, max_drift_steps, two_sided=True,
                                       seeds=st.seeds)
         regret_state, n_regret = _judge(st.regret, st.regret_interval, max_regret, two_sided=False, seeds=st.seeds)
