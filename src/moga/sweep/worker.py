@@ -145,12 +145,7 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 stop.raise_now = True
                 if stop.requested:  # it came during the claim
                     raise Interrupted
-                with run_dir_lock(store.cell_dir(cid)):
-                    if sweep.spec.early_stop_diverged and smaller_lr_diverged(store, sweep, params):
-                        result = {"status": Status.SKIPPED, "reason": "a smaller learning rate of this row diverged",
-                                  "train_loss": float("inf")}
-                    else:
-                        result = train_cell(sweep.config(params), store.cell_dir(cid))
+                result = cell_result(store, sweep, cid, params)
                 stop.raise_now = False
                 result["threads"] = torch.get_num_threads()  # recorded: the losses depend on it
                 status = result.get("status", Status.FINISHED)
@@ -172,6 +167,15 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
             finally:
                 beat.done.set()
             settled += 1
+
+
+def cell_result(store: SweepStore, sweep: Sweep, cid: str, params: dict) -> dict:
+    """Train the cell in its own directory, or skip it when a smaller rate of its row diverged."""
+    with run_dir_lock(store.cell_dir(cid)):
+        if sweep.spec.early_stop_diverged and smaller_lr_diverged(store, sweep, params):
+            return {"status": Status.SKIPPED, "reason": "a smaller learning rate of this row diverged",
+                    "train_loss": float("inf")}
+        return train_cell(sweep.config(params), store.cell_dir(cid))
 
 
 def _out_of_space_line(error: Exception, cid: str, run_dir: Path) -> str:
