@@ -167,6 +167,8 @@ def test_a_different_base_config_is_refused(tmp_path):
 
 
 def _processes_mentioning(text: str) -> list[int]:
+    """Live processes other than this one whose command line holds ``text`` (a sweep's directory, which lies
+    under pytest's tmp_path: its name holds "pytest", so that word cannot tell this process from the workers)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -174,7 +176,7 @@ def _processes_mentioning(text: str) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if text in cmdline and "pytest" not in cmdline:
+            if text in cmdline and int(entry.name) != os.getpid():
                 pids.append(int(entry.name))
     return pids
 
