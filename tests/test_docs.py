@@ -34,3 +34,11 @@ def test_every_cited_section_exists():
         cited += [(path.relative_to(REPO), m) for m in CITATION.findall(text)]
     dangling = [f"{path}: §{m}" for path, m in cited if m not in known]
     assert not dangling, f"citations of docs/math.md sections that do not exist: {dangling}"
+
+
+def test_no_fill_in_placeholder_is_left_in_the_docs():
+    """A placeholder such as ``__RESULT_TABLE__`` (written while a measurement runs, filled when it ends) must not
+    land: one did, unfilled, in README.md and docs/results.md."""
+    left = [f"{path.relative_to(REPO)}: {m}" for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+            for m in re.findall(r"__[A-Z][A-Z0-9_]*__", path.read_text(encoding="utf-8"))]
+    assert not left, left
