@@ -114,7 +114,7 @@ README_START, README_END = "<!-- demo:start -->", "<!-- demo:end -->"
 
 
 def update_demo_readme(readme: Path, report_dir: Path, figure_dir: Path, command: str,
-                  arms: dict[str, str] | None = None) -> None:
+                       arms: dict[str, str] | None = None) -> None:
     """Replace the README's demo section with this run's figure and verdicts, each optimizer named by its arm
     (``arms``: {optimizer: :func:`moga.sweep.spec.arm_label`}, e.g. "muon (moga preset)")."""
     summary = json.loads((report_dir / "summary.json").read_text())

@@ -93,9 +93,9 @@ def _range(cfg: dict, out: Path, s: dict, log) -> dict:
     """The lr range test of plain gradient descent on this model and data, as the paper ran it (appendix D):
     every rate trains the same initial model for ``range_steps`` steps (restart mode). A single sweep is
     misled by the long plateau of the deeper shared-weights nets: its steepest point lands near divergence."""
-    r = training.lr_range_test({**cfg, "optim": {"name": "sgd"}}, out / "lr_range" / cfg["name"], lr_min=s["range_lr_min"],
-                      lr_max=s["range_lr_max"], mode="restart", num_lrs=s["range_lrs"],
-                      steps_per_lr=s["range_steps"])
+    r = training.lr_range_test({**cfg, "optim": {"name": "sgd"}}, out / "lr_range" / cfg["name"],
+                               lr_min=s["range_lr_min"], lr_max=s["range_lr_max"], mode="restart",
+                               num_lrs=s["range_lrs"], steps_per_lr=s["range_steps"])
     log(f"lr range {cfg['name']}: steepest {fmt(r['suggestion']['steepest'])}, "
         f"at min {fmt(r['suggestion']['lr_at_min'])}")
     return r

@@ -65,7 +65,7 @@ def config_at(base: dict, knobs: Knobs, width: int, depth: int, steps: int | Non
 
 
 def measure_size(base: dict, knobs: Knobs, width: int, depth: int, steps: int | None = None,
-            target_steps: int | None = None) -> Size:
+                 target_steps: int | None = None) -> Size:
     try:
         cost = cell_cost(build_config(config_at(base, knobs, width, depth, steps, target_steps)))
     except (ConfigError, ValueError) as e:
@@ -225,9 +225,10 @@ def budget_too_small(sizer: ProxySizer, budget: PlanBudget, ladder: list[tuple[i
                      f"{budget.workers} core(s)) for {n_lrs} rates and the seeds; give at least that, or a shorter run")
 
 
-def plan_tuning(base: dict, knobs: Knobs, target: tuple[int, int], n_lrs: int, *, budget_flops: float | None = None,
-         budget_seconds: float | None = None, regime: str = "auto", min_steps: int = MIN_STEPS, min_seeds: int = 3,
-         workers: int = 1, depth_every: int = 2, proxies: list[tuple[int, int]] | None = None) -> Plan:
+def plan_tuning(base: dict, knobs: Knobs, target: tuple[int, int], n_lrs: int, *,
+                budget_flops: float | None = None, budget_seconds: float | None = None, regime: str = "auto",
+                min_steps: int = MIN_STEPS, min_seeds: int = 3, workers: int = 1, depth_every: int = 2,
+                proxies: list[tuple[int, int]] | None = None) -> Plan:
     if regime not in REGIMES:
         raise TuneError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
     if budget_flops is None and budget_seconds is None:

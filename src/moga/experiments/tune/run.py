@@ -199,8 +199,8 @@ def tune(config: Any, *, out: str | Path = "runs/tune", model: Any = None, width
     store = SweepStore(out)
     grid = stored_grid(store, lr_grid(base["optim"]["name"], lrs))  # a grid an earlier run extended keeps its rates
     p = plan_tuning(base, knobs, target, len(grid), budget_flops=budget_flops, budget_seconds=budget_seconds,
-             regime=regime, min_steps=min_steps, min_seeds=min_seeds, workers=workers, depth_every=depth_every,
-             proxies=proxies)
+                    regime=regime, min_steps=min_steps, min_seeds=min_seeds, workers=workers,
+                    depth_every=depth_every, proxies=proxies)
     for line in notes + p.reasons:
         log(line)
     ps = ProxySweep(base, knobs, p, out, max_regret, workers=workers, executor=executor, ray_address=ray_address,
