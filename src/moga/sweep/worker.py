@@ -160,9 +160,10 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 return settled
             except Exception as e:  # a crash of one run is recorded, and the sweep goes on
                 stop.raise_now = False
-                if out_of_space(e):  # not the cell's fault, and every next cell would fail the same way
+                full = out_of_space(e)
+                if full:  # not the cell's fault, and every next cell would fail the same way
                     store.release(cid, owner)
-                    raise SweepError(_out_of_space_line(e, cid, store.cell_dir(cid))) from None
+                    raise SweepError(_out_of_space_line(e, full, cid, store.cell_dir(cid))) from None
                 store.finish(cid, owner, Status.FAILED, error=traceback.format_exc(limit=20))
             finally:
                 beat.done.set()
@@ -178,9 +179,9 @@ def cell_result(store: SweepStore, sweep: Sweep, cid: str, params: dict) -> dict
         return train_cell(sweep.config(params), store.cell_dir(cid))
 
 
-def _out_of_space_line(error: Exception, cid: str, run_dir: Path) -> str:
-    """One line: which file, and that the same command goes on once there is space."""
-    cause = out_of_space(error)
+def _out_of_space_line(error: Exception, cause: OSError, cid: str, run_dir: Path) -> str:
+    """One line: which file (``cause``: the write that failed behind ``error``), and that the same command goes on
+    once there is space."""
     what = str(error) if isinstance(error, CheckpointError) else (  # that one names its file and the way on
         f"could not write {cause.filename or run_dir} ({cause.strerror}). Free some space and run the same command "
         "again")

@@ -37,7 +37,7 @@ from moga.experiments.reproduce.reproduction import CONFIGS, ReproduceError, rea
 from moga.experiments.reproduce.quality import (LEVEL, RESAMPLES, _finite, _mean, _pct, _same, best_lr,
                                                 relative_interval, seed_losses)
 from moga.files import write_text
-from moga.sweep.results import records
+from moga.sweep.results import format_lr, records
 from moga.sweep.seeds import stored_include
 from moga.sweep.spec import Sweep, cell_id
 from moga.status import Status
@@ -398,8 +398,8 @@ def gap_table(fields: dict) -> str:
             lines.append(f"| {model} | {w['scale']} | | | {w.get('note', '')} | |")
             continue
         edge = lambda r: " (edge)" if w[f"{r}_lr_on_edge"] else ""  # noqa: E731
-        lines.append(f"| {model} | {w['scale']} | {w['subject_loss']:.4f} ({_lr(w['subject_lr'])}{edge('subject')}) "
-                     f"| {w['baseline_loss']:.4f} ({_lr(w['baseline_lr'])}{edge('baseline')}) | {_pct(w['gap'])} "
+        lines.append(f"| {model} | {w['scale']} | {w['subject_loss']:.4f} ({format_lr(w['subject_lr'])}{edge('subject')}) "
+                     f"| {w['baseline_loss']:.4f} ({format_lr(w['baseline_lr'])}{edge('baseline')}) | {_pct(w['gap'])} "
                      f"[{_pct(w['low'])}, {_pct(w['high'])}] | {w['seeds']} |")
     lines += ["", "| model | slope per doubling [95%] | widths | verdict |", "|---|---|---|---|"]
     for p in fields["panels"]:
@@ -415,11 +415,6 @@ def gap_table(fields: dict) -> str:
                          f"{_three_decimals(a['gram_dominance'])} | {_three_decimals(a['gram_coherence'])} | "
                          f"{_three_decimals(a['cosine'])} |")
     return "\n".join(lines)
-
-
-def _lr(lr: float) -> str:
-    k = math.log2(lr)
-    return f"2^{int(k)}" if k == int(k) else f"{lr:g}"
 
 
 def _three_decimals(x) -> str:
