@@ -5,6 +5,7 @@
 # and the rest still run. It writes summary.txt (and each step's log) into the output directory.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]          (default: $OUT, else ./gpu-check)
+#   GPU_CHECK_STEPS="tests syncs" bash scripts/gpu-check.sh DIR   (some steps only: tests syncs bench train fsdp)
 #
 # It needs python with torch and moga's cli extra (its steps run `moga train` and `moga bench`). Where some
 # are missing and there is no network (pydantic, on an image that has torch, typer, rich, numpy and pyyaml),
@@ -26,6 +27,11 @@ START=$SECONDS
 BUDGET=${GPU_CHECK_BUDGET_S:-470}
 : > "$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
+STEPS=" ${GPU_CHECK_STEPS:-tests syncs bench train fsdp} "
+for s in $STEPS; do
+    case $s in tests|syncs|bench|train|fsdp) ;; *) echo "gpu-check: unknown step '$s' in GPU_CHECK_STEPS (tests syncs bench train fsdp)"; exit 2 ;; esac
+done
+want() { [[ "$STEPS" == *" $1 "* ]]; }
 
 WHEELS="${GPU_CHECK_WHEELS:-.whl}"
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
@@ -59,10 +65,13 @@ step() {
 # 1. the tests that touch the CUDA paths: the compiled kernel, compile(opt.step), AMP, fake CUDA tensors
 TESTS=$(ls tests/kernels/test_compiled.py tests/optim/test_compile.py tests/optim/test_amp.py \
         tests/optim/test_fake*.py tests/*/test_fake*.py 2>/dev/null | sort -u)
+if want tests; then
 step "tests" 150 "$OUT_DIR/tests.log" "$PY" -m pytest -q -p no:cacheprovider $TESTS
 tail -n 1 "$OUT_DIR/tests.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+fi
 
 # 2. host syncs per step and CUDA against CPU, per optimizer
+want syncs && {
 step "syncs" 90 "$OUT_DIR/syncs.json" "$PY" scripts/gpu_check.py syncs
 "$PY" - "$OUT_DIR/syncs.json" <<'PY' | tee -a "$SUMMARY"
 import json, sys
@@ -73,8 +82,10 @@ for line in open(sys.argv[1]):
                   f"{r['syncs_per_step']:g} host syncs/step, max |CUDA - CPU| {r['max_diff_vs_cpu']:.1e}"
                   + (f" ({r['first'][0]})" if r["first"] else "")))
 PY
+}
 
 # 3. the optimizer benchmark on the GPU
+want bench && {
 step "bench" 90 "$OUT_DIR/bench.json" "$PY" -m moga bench optimizer --device cuda --repeats 15 --json \
     --only torch-adamw-fused --only torch-muon --only moga-row-p2 --only moga-row-p2-nocheck \
     --only moga-row-p2-flag --only moga-col-q2 --only moga-muon --only moga-adamw-scaled
@@ -88,11 +99,12 @@ except ValueError:
 for r in records:
     print(f"  {r['name']}: {r['ms']:.3f} ms ({r['kernel']}), x adamw-fused {r.get('ms_vs_adamw_fused', float('nan')):.2f}")
 PY
+}
 
 # 4. bf16 training, MOGA against AdamW, on one GPU
 "$PY" scripts/gpu_check.py config "$WORK/train" > /dev/null
 CONFIG="$WORK/train/config.yaml"
-for optim in moga adamw; do
+want train && for optim in moga adamw; do
     lr=$([ $optim = moga ] && echo 0.03125 || echo 0.001)
     if step "train-$optim" 60 "$OUT_DIR/train.log" "$PY" -m moga train "$CONFIG" optim.name=$optim optim.lr=$lr \
             -o "$WORK/run-$optim" -q; then
@@ -103,7 +115,8 @@ done
 # 5. FSDP2 on one GPU: an interrupted run resumed from its DCP checkpoint against the uninterrupted one
 FSDP=(train.parallel=fsdp train.steps=12 train.deterministic=true optim.name=moga checkpoint.every=4)
 TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m moga train "$CONFIG")
-step "fsdp-whole" 60 "$OUT_DIR/fsdp.log" "${TORCHRUN[@]}" "${FSDP[@]}" -o "$WORK/fsdp-whole" -q \
+want fsdp \
+  && step "fsdp-whole" 60 "$OUT_DIR/fsdp.log" "${TORCHRUN[@]}" "${FSDP[@]}" -o "$WORK/fsdp-whole" -q \
   && step "fsdp-stop" 60 "$OUT_DIR/fsdp.log" "${TORCHRUN[@]}" "${FSDP[@]}" -o "$WORK/fsdp-parts" -q --stop-at 6 \
   && step "fsdp-resume" 60 "$OUT_DIR/fsdp.log" "${TORCHRUN[@]}" "${FSDP[@]}" -o "$WORK/fsdp-parts" -q \
   && step "fsdp-same" 30 "$OUT_DIR/fsdp.log" "$PY" scripts/gpu_check.py same "$WORK/fsdp-whole" "$WORK/fsdp-parts" \

@@ -8,12 +8,17 @@ from the second on three rates around each contender's best at the smaller width
 sits on that edge), and seeds 1 and 2 at each best rate; the hidden momentum's alignment is recorded at the end
 of each seed-1 run. Runs stop being started when ``--budget-s`` would be passed; what ran is written anyway.
 
+``--arm hybrid`` runs issue 35's item 4 the same way instead: MuonEq's ``row_spectral`` on the hidden matrices
+with MOGA's default preset on the other roles (weight decay 0) against the published ``Muon(model)`` (AdamW on
+tables, head and vectors; weight decay 0.1), as configs/research/hybrid_gap.yaml does on the CPU, into
+``OUT_DIR/hybrid-cells.json``.
+
     python scripts/gpu_gap.py plan [--widths 512,1024,2048,4096] ...   # FLOPs and estimated seconds, no GPU
     python scripts/gpu_gap.py run OUT_DIR [--device cuda] [--text FILE] [--budget-s 540] ...
 
-``OUT_DIR/gap-cells.json`` holds every run's final training loss in the stored claim's cell form; judge it
-here with ``python -m moga.experiments.reproduce.gap cells OUT_DIR/gap-cells.json`` (gap per width with its
-seed interval, slope against log2(width), verdict).
+``OUT_DIR/gap-cells.json`` (or ``hybrid-cells.json``) holds every run's final training loss in the stored claim's
+cell form; judge it here with ``python -m moga.experiments.reproduce.gap cells OUT_DIR/gap-cells.json`` (gap per
+width with its seed interval, slope against log2(width), verdict).
 """
 
 from __future__ import annotations
@@ -25,9 +30,12 @@ import sys
 import time
 from pathlib import Path
 
-ROW, ORTH = "row(p=2)", "spectral"
-GRID = {ROW: [2.0**k for k in range(-8, 1)], ORTH: [2.0**k for k in range(-10, 0)]}  # how far widening may go
-FIRST = {ROW: [2.0**k for k in range(-5, 0)], ORTH: [2.0**k for k in range(-7, -2)]}  # CPU optima: 2^-3, 2^-5
+ROW, ORTH, HYBRID, MUON = "row(p=2)", "spectral", "row_spectral", "muon"
+ARMS = {"gap": (ROW, ORTH), "hybrid": (HYBRID, MUON)}  # (subject, baseline)
+GRID = {ROW: [2.0**k for k in range(-8, 1)], ORTH: [2.0**k for k in range(-10, 0)],  # how far widening may go
+        HYBRID: [2.0**k for k in range(-10, 0)], MUON: [2.0**k for k in range(-11, -1)]}
+FIRST = {ROW: [2.0**k for k in range(-5, 0)], ORTH: [2.0**k for k in range(-7, -2)],  # CPU optima: 2^-3, 2^-5
+         HYBRID: [2.0**k for k in range(-7, -2)], MUON: [2.0**k for k in range(-8, -3)]}  # 2^-5; 2^-5 to 2^-6
 SEEDS = 3
 # Assumed H200 rates for the plan (bf16): the model's matmuls at about 40% of 790 TFLOP/s, Newton-Schulz's
 # square ones at about 50%, and a floor of 4 ms a step (kernel launches of a 2-layer model).
@@ -39,6 +47,8 @@ def arguments(argv):
     p.add_argument("command", choices=["plan", "run"])
     p.add_argument("out", nargs="?", default="gpu-gap")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--arm", choices=sorted(ARMS), default="gap", help="gap: row(2) against the orthogonalized "
+                   "step; hybrid: row_spectral against the published Muon")
     p.add_argument("--text", default=None, help="a text file (default $MOGA_DATA/tinyshakespeare.txt, else a "
                    "generated corpus)")
     p.add_argument("--widths", default="512,1024,2048,4096")
@@ -78,9 +88,11 @@ def plan(a) -> list[dict]:
     for style, widths in styles(a):
         for i, w in enumerate(widths):
             rates = 5 if i == 0 else 3
-            s = {g: run_seconds(w, style, a, g == ORTH) for g in (ROW, ORTH)}
+            s = {g: run_seconds(w, style, a, g != ROW) for g in ARMS[a.arm]}
             total = sum((rates + SEEDS - 1) * v for v in s.values())
-            rows.append({"model": style, "width": w, "row_run_s": round(s[ROW], 1), "orth_run_s": round(s[ORTH], 1),
+            subject, baseline = ARMS[a.arm]
+            rows.append({"model": style, "width": w, "subject_run_s": round(s[subject], 1),
+                         "baseline_run_s": round(s[baseline], 1),
                          "runs": 2 * (rates + SEEDS - 1), "seconds": round(total, 1)})
     return rows
 
@@ -119,14 +131,20 @@ def train(width: int, style: str, hidden: str, lr: float, seed: int, a, data, vo
     import torch
 
     from moga.models import GPT
-    from moga.optim import MOGA
+    from moga.optim import MOGA, Muon
     from moga.smoothness.alignment import hidden_alignment
 
     torch.manual_seed(seed)
     model = GPT(vocab_size=vocab, block_size=a.block, n_layer=a.layers, n_embd=width,
                 n_head=max(1, width // a.head_dim), style="llama" if style == "llama" else "gpt2").to(device)
-    opt = MOGA(model, lr=lr, preset="paper", nesterov=True, lr_multipliers={"embedding": 1 / 16},
-               geometries={"hidden": hidden})
+    overrides = model.plan_overrides() or None  # a tied head, as the training engine passes it
+    if hidden == MUON:
+        opt = Muon(model, lr=lr, weight_decay=0.1, overrides=overrides)
+    elif hidden == HYBRID:
+        opt = MOGA(model, lr=lr, weight_decay=0.0, geometries={"hidden": hidden}, overrides=overrides)
+    else:
+        opt = MOGA(model, lr=lr, preset="paper", nesterov=True, lr_multipliers={"embedding": 1 / 16},
+                   geometries={"hidden": hidden}, overrides=overrides)
     initial = [g["lr"] for g in opt.param_groups]
     gen = torch.Generator().manual_seed(10_000 + seed)
     warm = max(1, int(0.1 * a.steps))
@@ -185,7 +203,7 @@ def run(a) -> int:
     def one(style, w, hidden, lr, seed, measure=False):
         name = "moga.integrations.llama:llama" if style == "llama" else "gpt"
         left = a.budget_s - (time.perf_counter() - start)
-        need = estimate[(style, w)]["orth_run_s" if hidden == ORTH else "row_run_s"]
+        need = estimate[(style, w)]["subject_run_s" if hidden == ARMS[a.arm][0] else "baseline_run_s"]
         if left < need:
             skipped.append({"model": style, "width": w, "contender": hidden, "lr": lr, "seed": seed})
             return
@@ -202,7 +220,7 @@ def run(a) -> int:
         name = "moga.integrations.llama:llama" if style == "llama" else "gpt"
         previous = {}
         for w in widths:
-            for hidden in (ROW, ORTH):
+            for hidden in ARMS[a.arm]:
                 grid = GRID[hidden]
                 if hidden not in previous:
                     rates = list(FIRST[hidden])
@@ -228,7 +246,7 @@ def run(a) -> int:
                     one(style, w, hidden, b, seed, measure=seed == 1)
     write(out, cells, skipped, a, source)
     print(f"gpu_gap.py: {len(cells)} runs in {time.perf_counter() - start:.0f}s, {len(skipped)} skipped for the "
-          f"budget; judge: python -m moga.experiments.reproduce.gap cells {out / 'gap-cells.json'}")
+          f"budget; judge: python -m moga.experiments.reproduce.gap cells {out / cells_file(a)}")
     return 0
 
 
@@ -241,8 +259,14 @@ def write(out: Path, cells: list[dict], skipped: list[dict], a, source: str) -> 
     expected = {"panels": [{"model.name": "moga.integrations.llama:llama" if s == "llama" else "gpt"}
                            for s, _ in styles(a)],
                 "widths": {s: ws for s, ws in styles(a)}}  # by panel title
-    (out / "gap-cells.json").write_text(json.dumps({"setup": setup, "expected": expected, "cells": cells,
-                                                    "skipped": skipped}, indent=1) + "\n")
+    subject, baseline = ARMS[a.arm]
+    (out / cells_file(a)).write_text(json.dumps({"setup": setup, "subject": subject, "baseline": baseline,
+                                                 "expected": expected, "cells": cells, "skipped": skipped},
+                                                indent=1) + "\n")
+
+
+def cells_file(a) -> str:
+    return f"{a.arm}-cells.json"
 
 
 def main(argv=None) -> int:

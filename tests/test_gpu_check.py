@@ -33,6 +33,14 @@ def test_without_cuda_it_stops_at_once_with_one_clear_line(tmp_path):
     assert result.stdout == summary
 
 
+def test_an_unknown_step_is_refused_before_anything_runs(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_STEPS": "tests bench-typo"}
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 2 and "unknown step 'bench-typo'" in result.stdout
+    assert (tmp_path / "out" / "summary.txt").read_text() == ""
+
+
 def test_its_training_config_is_valid_and_asks_for_bf16_on_cuda(tmp_path):
     assert helper("config", tmp_path).returncode == 0
     cfg = load_config(tmp_path / "config.yaml", ["optim.name=adamw", "train.parallel=fsdp",

@@ -390,7 +390,10 @@ def alignment(store: SweepStore, widths: list[dict], cells: list[dict], analysis
 # --- tables -----------------------------------------------------------------------------------------------
 
 def gap_table(fields: dict) -> str:
-    lines = ["| model | width | row(2) loss (lr) | orthogonalized loss (lr) | gap [95%] | seeds |",
+    names = {"row(p=2)": "row(2)", "spectral": "orthogonalized"}  # the claim's two; a cells file may name others
+    subject, baseline = (names.get(fields.get("analysis", {}).get(r, d), fields.get("analysis", {}).get(r, d))
+                         for r, d in (("subject", "row(p=2)"), ("baseline", "spectral")))
+    lines = [f"| model | width | {subject} loss (lr) | {baseline} loss (lr) | gap [95%] | seeds |",
              "|---|---|---|---|---|---|"]
     for w in fields["widths"]:
         model = " ".join(str(v).rsplit(":", 1)[-1] for k, v in w.items() if k not in _WIDTH_FIELDS)
@@ -445,10 +448,12 @@ def store_outcome(out: Path, scale: str = "cpu", name: str = "gap-width") -> dic
 
 
 def cells_outcome(path: Path) -> dict:
-    """The verdict fields of a cells file (``scripts/gpu_gap.py``'s ``gap-cells.json``: cells in the stored
-    form, what the run meant to cover, its setup), and its alignment records per model, width and contender."""
+    """The verdict fields of a cells file (``scripts/gpu_gap.py``'s ``gap-cells.json`` or ``hybrid-cells.json``:
+    cells in the stored form, its two contenders, what the run meant to cover, its setup), and its alignment
+    records per model, width and contender."""
     raw = json.loads(Path(path).read_text())
-    analysis = {"gap": True, "subject": "row(p=2)", "baseline": "spectral", "panel_keys": ["model.name"],
+    analysis = {"gap": True, "subject": raw.get("subject", "row(p=2)"), "baseline": raw.get("baseline", "spectral"),
+                "panel_keys": ["model.name"],
                 "group_keys": ["model.name", "contender"], "scale_key": "model.n_embd", "margin": MARGIN,
                 "contender_key": "optim.geometries.hidden", "expected": raw.get("expected")}
     fields = gap_verdict_fields(raw["cells"], analysis)
