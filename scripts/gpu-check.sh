@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The first run on a machine with a GPU, in at most 8 minutes: the CUDA-relevant tests, `moga bench optimizer
-# --device cuda`, a short bf16 `moga train` of MOGA against AdamW (tokens/s), FSDP2 on one GPU with a DCP
+# The first run on a machine with a GPU, in at most 8 minutes: the CUDA-relevant tests, MOGA's CUDA steps against
+# the CPU's, `moga bench optimizer --device cuda`, a short bf16 `moga train` of MOGA against AdamW (tokens/s), FSDP2 on one GPU with a DCP
 # resume, and host syncs per optimizer step. Every step has its own time limit; one that fails is reported
 # and the rest still run. It writes summary.txt (and each step's log) into the output directory.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]          (default: $OUT, else ./gpu-check)
-#   GPU_CHECK_STEPS="tests syncs" bash scripts/gpu-check.sh DIR   (some steps only: tests syncs bench train fsdp)
+#   GPU_CHECK_STEPS="tests syncs" bash scripts/gpu-check.sh DIR   (some steps only: tests kernel syncs bench train fsdp)
 #
 # It needs python with torch and moga's cli extra (its steps run `moga train` and `moga bench`). Where some
 # are missing and there is no network (pydantic, on an image that has torch, typer, rich, numpy and pyyaml),
@@ -27,9 +27,11 @@ START=$SECONDS
 BUDGET=${GPU_CHECK_BUDGET_S:-470}
 : > "$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
-STEPS=" ${GPU_CHECK_STEPS:-tests syncs bench train fsdp} "
+STEPS=" ${GPU_CHECK_STEPS:-kernel tests syncs bench train fsdp} "
 for s in $STEPS; do
-    case $s in tests|syncs|bench|train|fsdp) ;; *) echo "gpu-check: unknown step '$s' in GPU_CHECK_STEPS (tests syncs bench train fsdp)"; exit 2 ;; esac
+    case $s in kernel|tests|syncs|bench|train|fsdp) ;;
+        *) echo "gpu-check: unknown step '$s' in GPU_CHECK_STEPS (kernel tests syncs bench train fsdp)"; exit 2 ;;
+    esac
 done
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 
@@ -60,6 +62,19 @@ step() {
     [ $rc -ne 0 ] && status="FAILED (exit $rc$([ $rc -eq 124 ] && echo ", past its ${limit}s limit"))" && FAILED=1
     say "$name: $status in $((SECONDS - t0))s (log: $(basename "$log"))"
     return $rc
+}
+
+# 0. MOGA's row and col steps on CUDA against the CPU's, and the compiled step (not dispatched) against both
+want kernel && {
+step "kernel" 60 "$OUT_DIR/kernel.json" "$PY" scripts/gpu_check.py kernel
+"$PY" - "$OUT_DIR/kernel.json" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        for name, r in json.loads(line).items():
+            print(f"  {name}: " + (r["error"] if "error" in r else
+                  f"max |CUDA - CPU| {r['max_diff']:.1e} against an update of {r['update']:.1e}"))
+PY
 }
 
 # 1. the tests that touch the CUDA paths: the compiled kernel, compile(opt.step), AMP, fake CUDA tensors

@@ -3,6 +3,7 @@ JSON line (the shell script collects them into the summary). Only torch and moga
 
     python scripts/gpu_check.py precheck            # exits 2 with one clear line when there is no CUDA
     python scripts/gpu_check.py syncs               # host syncs per optimizer step (set_sync_debug_mode)
+    python scripts/gpu_check.py kernel              # CUDA steps against the CPU's: the op's, and the compiled one
     python scripts/gpu_check.py config DIR          # writes a char-level GPT config and its corpus into DIR
     python scripts/gpu_check.py tokens RUN_DIR      # median tokens/s of a run's logged train records
     python scripts/gpu_check.py same RUN_A RUN_B    # max weight and loss difference of two sharded runs
@@ -83,6 +84,50 @@ def syncs(steps: int = 3) -> int:
     return 0 if all("error" not in v and v["syncs_per_step"] == 0 for v in out.values()) else 1
 
 
+def kernel() -> int:
+    """MOGA's row and col steps on CUDA against the same steps on CPU copies (6 steps), as the optimizer runs
+    them, and the compiled step (:mod:`moga.kernels.compiled`, not dispatched) against the reference on one
+    CUDA Parameter. Each difference is set beside the size of the update itself; the optimizer's must be far
+    smaller (exit 1 otherwise), the compiled one's is reported (on an H200 it was larger than the update)."""
+    import torch
+
+    from moga.bench.optimizer import GPT2_SMALL_BLOCK
+    from moga.kernels import compiled, reference
+    from moga.optim import MOGA
+
+    out = {}
+    for geometry in ("row(p=2)", "col(q=2)"):
+        gen = torch.Generator().manual_seed(0)
+        host = [torch.nn.Parameter(torch.randn(s, generator=gen) * 0.02) for s in GPT2_SMALL_BLOCK]
+        before = [p.detach().clone() for p in host]
+        dev = [torch.nn.Parameter(p.detach().cuda()) for p in host]
+        for p, q in zip(host, dev):
+            p.grad = torch.randn(p.shape, generator=gen) * 1e-3
+            q.grad = p.grad.cuda()
+        opts = MOGA(host, lr=1e-3, geometry=geometry), MOGA(dev, lr=1e-3, geometry=geometry)
+        for _ in range(6):
+            opts[0].step()
+            opts[1].step()
+        out[f"optimizer {geometry}"] = {
+            "max_diff": max((a - b.detach().cpu()).abs().max().item() for a, b in zip(host, dev)),
+            "update": max((a - b).abs().max().item() for a, b in zip(host, before))}
+    gen = torch.Generator().manual_seed(1)
+    w0, g, m0 = (torch.randn(768, 3072, generator=gen) * s for s in (0.02, 1e-3, 1e-3))
+    for layout, shape in (("row", [768, 3072, 1]), ("col", [1, 768, 3072])):
+        ref_w, ref_m = [w0.clone()], [m0.clone()]
+        reference.tensor_steps_(ref_w, [g], ref_m, None, shape, [-1e-3], 2.0, 0.9, True, 1.0)
+        w, m = [torch.nn.Parameter(w0.cuda())], [m0.cuda()]
+        try:
+            with torch.no_grad():
+                compiled.compiled_steps_(w, [g.cuda()], m, None, shape, [-1e-3], 2.0, 0.9, True, 1.0)
+            out[f"compiled {layout}"] = {"max_diff": (w[0].detach().cpu() - ref_w[0]).abs().max().item(),
+                                         "update": (ref_w[0] - w0).abs().max().item()}
+        except Exception as e:  # a finding, not the end of the check
+            out[f"compiled {layout}"] = {"error": f"{type(e).__name__}: {str(e).strip()[:200]}"}
+    print(json.dumps(out))
+    return 0 if all(v["max_diff"] < 0.01 * v["update"] for k, v in out.items() if k.startswith("optimizer")) else 1
+
+
 def config(directory: str) -> int:
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -119,6 +164,11 @@ def same(run_a: str, run_b: str) -> int:
 
     from moga.train.sharded_checkpoint import DIRECTORY, consolidate
 
+    for d in (run_a, run_b):
+        result = json.loads((Path(d) / "result.json").read_text()) if (Path(d) / "result.json").is_file() else {}
+        if result.get("status") != "finished":  # a diverged run keeps no checkpoint to compare
+            print(json.dumps({"run": str(d), "status": result.get("status"), "steps": result.get("steps")}))
+            return 1
     a, b = (consolidate(Path(d) / DIRECTORY) for d in (run_a, run_b))
     diff = max((a["model"][k].float() - b["model"][k].float()).abs().max().item()
                for k in a["model"] if torch.is_tensor(a["model"][k]))
@@ -128,7 +178,8 @@ def same(run_a: str, run_b: str) -> int:
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:] or ["precheck"]
-    commands = {"precheck": precheck, "syncs": syncs, "config": config, "tokens": tokens, "same": same}
+    commands = {"precheck": precheck, "syncs": syncs, "kernel": kernel, "config": config, "tokens": tokens,
+                "same": same}
     if command not in commands:
         sys.exit(f"gpu_check.py: unknown command {command!r}; one of {', '.join(commands)}")
     sys.exit(commands[command](*args))

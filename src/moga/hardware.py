@@ -1,15 +1,13 @@
 """What this machine offers, read in one place so that tests can set each answer either way.
 
 Choices that depend on the machine read :func:`facts`: the Newton-Schulz dtype under ``"auto"`` (bfloat16
-on CPUs with bfloat16 matrix units), the fused C++ kernel (needs a C++ compiler), the compiled CUDA step
-(needs triton). ``with assume(bf16_matmul=True): ...`` sets answers for a block, so both branches of each
-choice run on any machine; ``$MOGA_ASSUME`` (``bf16_matmul=1,compiler=0``) sets them for a process and
-the processes it starts.
+on CPUs with bfloat16 matrix units) and the fused C++ kernel (needs a C++ compiler). ``with
+assume(bf16_matmul=True): ...`` sets answers for a block, so both branches of each choice run on any
+machine; ``$MOGA_ASSUME`` (``bf16_matmul=1,compiler=0``) sets them for a process and the processes it starts.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from contextlib import contextmanager
@@ -23,7 +21,6 @@ import torch
 class Hardware:
     bf16_matmul: bool  # the CPU multiplies bfloat16 matrices in hardware (AMX-BF16 or AVX512-BF16)
     compiler: bool  # a C++ compiler ($CXX, else c++) to build the fused CPU kernel
-    triton: bool  # torch.compile's CUDA backend, for the fused CUDA step
 
 
 NAMES = tuple(f.name for f in fields(Hardware))
@@ -61,8 +58,7 @@ def assume(**answers: bool):
 
 @lru_cache(maxsize=1)
 def detected() -> Hardware:
-    return Hardware(bf16_matmul=_cpu_has_bf16_matmul(), compiler=shutil.which(os.environ.get("CXX", "c++")) is not None,
-                    triton=importlib.util.find_spec("triton") is not None)
+    return Hardware(bf16_matmul=_cpu_has_bf16_matmul(), compiler=shutil.which(os.environ.get("CXX", "c++")) is not None)
 
 
 def _cpu_has_bf16_matmul() -> bool:

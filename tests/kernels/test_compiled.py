@@ -47,14 +47,38 @@ def test_the_compiled_step_gets_python_numbers_and_the_callers_tensors(monkeypat
     seen = []
     monkeypatch.setattr(compiled, "compiled_step", lambda: lambda *args: seen.append(args))
     ws, gs, ms = ([torch.randn(4, 6) for _ in range(3)] for _ in range(3))
+    ws = [torch.nn.Parameter(w) for w in ws]  # what an optimizer holds
     flag = torch.zeros(())
     compiled.compiled_steps_(ws, gs, ms, flag, [4, 6, 1] * 3, [-0.1, -0.2, -0.3], 2.0, 0.9, False, 0.99)
-    ours = {id(t) for t in (*ws, *gs, *ms, flag)}
+    ours = {t.data_ptr() for t in (*ws, *gs, *ms, flag)}
     assert len(seen) == 3
     for args in seen:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        assert len(tensors) == 4 and all(id(t) in ours for t in tensors)
+        assert len(tensors) == 4 and all(t.data_ptr() in ours for t in tensors)  # their storage: no copy
+        assert not any(isinstance(t, torch.nn.Parameter) for t in tensors)
         assert all(type(a) in (float, bool, tuple) for a in args if not isinstance(a, torch.Tensor))
+
+
+def test_parameters_of_every_shape_share_one_graph():
+    # dynamo keeps a Parameter's sizes static: passed as they are, each shape of a transformer compiled anew
+    # until the recompile limit stopped the step (seen on a GPU); detached, one graph serves them all
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled._failed.clear()
+    gen = torch.Generator().manual_seed(5)
+    for rows, cols in [(24, 8), (8, 8), (32, 8), (8, 32), (13, 8)]:
+        w = torch.nn.Parameter(torch.randn(rows, cols, generator=gen))
+        g, m = torch.randn(rows, cols, generator=gen), torch.randn(rows, cols, generator=gen)
+        ref_w, ref_m = w.detach().clone(), m.clone()
+        args = ([1, rows, cols], [-0.01], 2.0, 0.9, True, 1.0)
+        with torch.no_grad():
+            compiled.compiled_steps_([w], [g], [m], None, *args)
+        reference.tensor_steps_([ref_w], [g], [ref_m], None, *args)
+        torch.testing.assert_close(w.detach(), ref_w, rtol=0, atol=1e-6)
+        torch.testing.assert_close(m, ref_m, rtol=0, atol=1e-6)
+    assert not compiled._failed and counters["stats"]["unique_graphs"] == 1
 
 
 FALLBACK = textwrap.dedent("""

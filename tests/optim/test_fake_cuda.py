@@ -58,30 +58,31 @@ PRECISIONS = {
 }
 
 # Device ops of one steady-state step (the second), measured; lower is better, more fails.
+# bfloat16 gradients on CUDA add an aminmax, stack and cast each (torch's AMP check has no bfloat16 kernel there).
 BUDGET = {  # (optimizer, kernel): ops for fp32, bf16, bf16-master, bf16-state
-    ('moga', 'torch'): (195, 385, 395, 223),
-    ('moga', 'auto'): (26, 385, 395, 26),
-    ('moga-plain', 'torch'): (183, 373, 383, 211),
-    ('moga-plain', 'auto'): (26, 373, 383, 26),
+    ('moga', 'torch'): (195, 420, 430, 258),
+    ('moga', 'auto'): (26, 420, 430, 61),
+    ('moga-plain', 'torch'): (183, 408, 418, 246),
+    ('moga-plain', 'auto'): (26, 408, 418, 61),
     ('moga-ignore', 'torch'): (150, 261, 271, 162),
     ('moga-ignore', 'auto'): (18, 261, 271, 18),
-    ('moga-p1.5-sign', 'torch'): (272, 322, 332, 342),
-    ('moga-p1.5-sign', 'auto'): (103, 322, 332, 145),
-    ('moga-p-inf', 'torch'): (156, 346, 356, 184),
-    ('moga-p-inf', 'auto'): (112, 346, 356, 133),
-    ('moga-col', 'torch'): (195, 385, 395, 223),
-    ('moga-col', 'auto'): (26, 385, 395, 26),
+    ('moga-p1.5-sign', 'torch'): (272, 357, 367, 377),
+    ('moga-p1.5-sign', 'auto'): (103, 357, 367, 180),
+    ('moga-p-inf', 'torch'): (156, 381, 391, 219),
+    ('moga-p-inf', 'auto'): (112, 381, 391, 168),
+    ('moga-col', 'torch'): (195, 420, 430, 258),
+    ('moga-col', 'auto'): (26, 420, 430, 61),
     ('muon', 'torch'): (353, 543, 553, 381),
     ('muon', 'auto'): (309, 543, 553, 330),
-    ('scaled-adamw', 'torch'): (37, 342, 352, 37),
-    ('scaled-adamw', 'auto'): (37, 342, 352, 37),
+    ('scaled-adamw', 'torch'): (37, 377, 387, 72),
+    ('scaled-adamw', 'auto'): (37, 377, 387, 72),
 }
 
 
 def traced_step(name: str, precision: str, kernel: str, steps: int = 2):
     dtype, options = PRECISIONS[precision]
     with fake_cuda(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # kernel="auto" without triton: the one-line fallback warning
+        warnings.simplefilter("ignore")  # warnings of the fake device are not the point here
         net = fake_net(dtype)
         opt = OPTIMIZERS[name](net, kernel=kernel, **options)
         for _ in range(steps - 1):
@@ -91,11 +92,10 @@ def traced_step(name: str, precision: str, kernel: str, steps: int = 2):
 
 @pytest.fixture
 def fused_cuda_step(monkeypatch):
-    """kernel="auto" as on a GPU machine: triton present and the compiled step available (its custom op's
-    fake kernel stands in; the compiled step itself is tested in tests/kernels)."""
+    """kernel="auto" as on a GPU machine: the fused CUDA step available (its custom op's fake kernel stands
+    in; the step itself, the reference, is tested in tests/kernels)."""
     monkeypatch.setitem(moga.kernels.available._unavailable, "cuda", "")
-    with assume(triton=True):
-        yield
+    yield
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
@@ -125,8 +125,9 @@ def test_the_trace_sees_host_reads_host_copies_and_mixed_devices():
             trace(opt.step)
 
 
-def test_the_nonfinite_check_is_one_launch_per_dtype():
-    """torch's AMP check over all gradients of a dtype, not a min, max, stack and cast per gradient."""
+def test_the_nonfinite_check_is_one_launch_per_dtype_it_takes():
+    """torch's AMP check over all gradients of a dtype, not a min, max, stack and cast per gradient; bfloat16,
+    which its CUDA kernel lacks, by the extremes."""
     with fake_cuda():
         params = [nn.Parameter(torch.empty(8, 4, device="cuda", dtype=dtype))
                   for dtype in (torch.float32, torch.bfloat16) for _ in range(3)]
@@ -134,7 +135,7 @@ def test_the_nonfinite_check_is_one_launch_per_dtype():
             p.grad = torch.empty_like(p)
         opt = MOGA([{"params": params[:3]}, {"params": params[3:]}], geometry="row(p=2)", kernel="torch")
         step = trace(opt.step)
-    assert step.ops["_amp_foreach_non_finite_check_and_unscale_"] == 2 and "aminmax" not in step.ops
+    assert step.ops["_amp_foreach_non_finite_check_and_unscale_"] == 1 and step.ops["aminmax"] == 3
 
 
 def test_gradients_the_check_cannot_write_are_checked_by_their_extremes():
@@ -147,3 +148,16 @@ def test_gradients_the_check_cannot_write_are_checked_by_their_extremes():
     p.grad = torch.tensor(1.0).expand(4, 6)
     opt.step()
     assert opt.skipped_steps == 1 and not torch.equal(p, torch.zeros(4, 6))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_finite_check_gives_cuda_only_the_dtypes_its_amp_check_takes(dtype):
+    # torch's CUDA _amp_foreach_non_finite_check_and_unscale_ has no bfloat16 kernel: a bfloat16 model with
+    # master weights stopped there on an H200; bfloat16 goes by its min and max instead
+    from moga.optim.nonfinite import all_finite_foreach
+
+    with fake_cuda():
+        tensors = [torch.ones(4, 3, dtype=dtype, device="cuda"), torch.ones(5, dtype=dtype, device="cuda")]
+        step = trace(lambda: all_finite_foreach(tensors, tensors[0].device))
+    amp = step.ops["_amp_foreach_non_finite_check_and_unscale_"]
+    assert (amp == 0) == (dtype == torch.bfloat16) and step.syncs == []

@@ -116,8 +116,8 @@ OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
 
 
 def kernel_path(opt: torch.optim.Optimizer) -> str:
-    """Which step ran, seen in one more step: "cpp" (moga's fused C++ kernel) or "compiled" (its CUDA
-    step) for every tensor, "torch" (moga's plain path) for none, "cpp 3/7" for some; "torch.optim"."""
+    """Which step ran, seen in one more step: "cpp" (moga's fused C++ kernel) or "op" (its custom op's
+    CUDA step) for every tensor, "torch" (moga's plain path) for none, "cpp 3/7" for some; "torch.optim"."""
     if getattr(opt, "kernel", None) is None:
         return "torch.optim"
     total = sum(1 for g in opt.param_groups for p in g["params"] if p.grad is not None)
@@ -125,7 +125,7 @@ def kernel_path(opt: torch.optim.Optimizer) -> str:
         opt.step()
     if not calls.stepped:
         return "torch"
-    label = "cpp" if any(name.startswith("moga_kernels::") for name, _ in calls.ops) else "compiled"
+    label = "cpp" if any(name.startswith("moga_kernels::") for name, _ in calls.ops) else "op"
     return label if calls.stepped == total else f"{label} {calls.stepped}/{total}"
 
 

@@ -1,5 +1,9 @@
-"""The CUDA kernel: :func:`moga.kernels.reference.tensor_step_` (the step of :mod:`moga.optim.functional` on a
-(B, K, N) view, with the same ``phi`` and ``direction``) under ``torch.compile``.
+"""A compiled step: :func:`moga.kernels.reference.tensor_step_` (the step of :mod:`moga.optim.functional` on a
+(B, K, N) view, with the same ``phi`` and ``direction``) under ``torch.compile``. Not what CUDA runs: on an
+H200 (torch 2.11+cu130, triton) its row and col steps landed farther from the C++ kernel's result than the
+step itself while the eager reference matched, so the op steps CUDA tensors in the eager reference
+(:mod:`moga.kernels.ops`). It stays to be fixed on a GPU, where ``python scripts/gpu_check.py kernel`` checks it; on
+the CPU (inductor's C++ backend) it matches the reference (tests/kernels/test_compiled.py).
 
 No tensor is made on the device per call: the numbers (``c`` and ``decay``, which follow the lr, ``p``,
 ``momentum``) go in as Python floats, which ``dynamic=True`` compiles once for every value (a schedule
@@ -23,10 +27,10 @@ _failed: dict[tuple, str] = {}  # kind of call -> why its compile failed
 def compile_errors() -> tuple[type[BaseException], ...]:
     """What a failed compile raises (before anything runs): dynamo's and inductor's own errors."""
     # deferred on purpose: torch._dynamo is half of the cost of `import moga` (about 1 s) and only a compile needs it
-    from torch._dynamo.exc import TorchDynamoException
+    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
     from torch._inductor.exc import InductorError
 
-    return TorchDynamoException, InductorError
+    return TorchDynamoException, InductorError, FailOnRecompileLimitHit  # the last is no TorchDynamoException
 
 
 @lru_cache(maxsize=None)
@@ -46,8 +50,10 @@ def compiled_steps_(params, grads, bufs, found_inf, shapes, scales, p, momentum,
                 tuple(n == 1 for n in shape))
         if kind not in _failed:
             try:
-                compiled_step()(w, g, buf, found_inf, shape, float(scales[k]), float(p), float(momentum), nesterov,
-                                float(decay))
+                # detached: dynamo keeps a Parameter's sizes static (one compile per shape, past its recompile
+                # limit on a transformer); the same storage, so the step still lands in the parameter
+                compiled_step()(w.detach(), g, None if buf is None else buf.detach(), found_inf, shape,
+                                float(scales[k]), float(p), float(momentum), nesterov, float(decay))
                 continue
             except compile_errors() as e:
                 _failed[kind] = why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"

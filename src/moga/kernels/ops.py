@@ -1,12 +1,13 @@
 """The public ops, ``torch.ops.moga.lmo_step_`` and ``torch.ops.moga.found_nonfinite``, as torch.library
-custom ops: a mutating schema that torch.compile and FSDP see through. CPU calls the C++ kernel,
-CUDA the compiled reference, any other device the plain reference."""
+custom ops: a mutating schema that torch.compile and FSDP see through. CPU calls the C++ kernel, every
+other device the plain reference (on CUDA too: the compiled one, :mod:`moga.kernels.compiled`, gave wrong
+steps on an H200; ``python scripts/gpu_check.py kernel`` checks it there)."""
 
 from __future__ import annotations
 
 import torch
 
-from moga.kernels import compiled, reference
+from moga.kernels import reference
 from moga.kernels.build import load_extension
 
 
@@ -28,7 +29,10 @@ def _lmo_step_cpu(params, grads, bufs, found_inf, shapes, scales, p, momentum, n
 
 @lmo_step_op.register_kernel("cuda")
 def _lmo_step_cuda(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay):
-    compiled.compiled_steps_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay)
+    # eager, not compiled.compiled_steps_: on an H200 (torch 2.11+cu130) the compiled row and col steps moved
+    # parameters by more than the step itself away from the C++ kernel's result (MOGA trained to a third of
+    # AdamW's accuracy) while this one matched; docs/results.md, "CUDA"
+    reference.tensor_steps_(params, grads, bufs, found_inf, shapes, scales, p, momentum, nesterov, decay)
 
 
 @lmo_step_op.register_fake

@@ -151,6 +151,9 @@ def gradients_ok(work, policy: str, kernel: str) -> torch.Tensor | None:
     return ok
 
 
+_CUDA_AMP = (torch.float16, torch.float32, torch.float64)  # torch's CUDA check has no bfloat16 (seen on an H200)
+
+
 def all_finite_foreach(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """A 0-d bool on ``device``: no element is NaN or inf. torch's AMP check, one launch per device and dtype
     (it multiplies by exactly 1, so values stay bit for bit); tensors it cannot take (another device type,
@@ -159,7 +162,7 @@ def all_finite_foreach(tensors: list[torch.Tensor], device: torch.device) -> tor
     batches: dict = {}
     others = []
     for t in tensors:
-        if t.device == device and device.type in ("cpu", "cuda") and dense(t):
+        if t.device == device and dense(t) and (device.type == "cpu" or device.type == "cuda" and t.dtype in _CUDA_AMP):
             batches.setdefault(t.dtype, []).append(t)
         else:
             others.append(t)
