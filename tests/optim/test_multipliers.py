@@ -241,6 +241,18 @@ def test_the_default_steps_as_the_paper_with_its_options_passed_by_hand():
     assert all(not torch.equal(p, plain[n]) for n, p in default.items() if p.dim() == 2)
 
 
+def test_muoneq_is_the_default_with_row_spectral_hidden_matrices_and_a_users_geometry_wins():
+    """preset="muoneq" steps as the default with geometries={"hidden": "row_spectral"}, bit for bit, and unlike
+    the default; a user's hidden geometry replaces the preset's, other roles' geometries add to it."""
+    muoneq = gpt_after(preset="muoneq")
+    assert_same_bits(muoneq, gpt_after(geometries={"hidden": "row_spectral"}))
+    default = gpt_after()
+    assert any(not torch.equal(p, default[n]) for n, p in muoneq.items() if p.dim() == 2)
+    assert_same_bits(gpt_after(preset="muoneq", geometries={"hidden": "row(p=2)"}), default)
+    assert_same_bits(gpt_after(preset="muoneq", geometries={"readout": "spectral"}),
+                     gpt_after(geometries={"hidden": "row_spectral", "readout": "spectral"}))
+
+
 def test_the_paper_preset_steps_with_plain_momentum():
     """The paper's preset is the default with both of its options undone; its groups say plain momentum."""
     paper = gpt_after(preset="paper")

@@ -109,7 +109,7 @@ def test_a_role_lr_multiplier_is_a_sweep_axis():
 def test_the_preset_is_a_sweep_axis():
     s = sweep(axes={"optim.lr": [0.1], "model.depth": [2], "optim.preset": ["paper", "default"]})
     assert [s.config(c).optim.preset for c in s.cells] == ["paper", "default"]
-    with pytest.raises(SweepError, match="optim.preset: Input should be 'default', 'paper', 'published' or 'moga'"):
+    with pytest.raises(SweepError, match="optim.preset: Input should be 'default', 'paper', 'muoneq', 'published' or 'moga'"):
         sweep(axes={"optim.lr": [0.1], "model.depth": [2], "optim.preset": ["papers"]})
 
 

@@ -293,8 +293,13 @@ def test_a_preset_reaches_the_optimizer_and_hashes_by_what_it_runs(monkeypatch):
         build_config(tiny()))).preset == "default"
     for name in ("adamw", "muon"):
         build_config(tiny(optim={"name": name, "preset": "paper"}))
-    with pytest.raises(ConfigError, match="optim.preset: Input should be 'default', 'paper', 'published' or 'moga'"):
+    with pytest.raises(ConfigError, match="optim.preset: Input should be 'default', 'paper', 'muoneq', 'published' or 'moga'"):
         build_config(tiny(optim={"preset": "papers"}))
+    # muoneq hashes as what it runs: the default with row_spectral on the hidden matrices, unless the config's own
+    muoneq = build_config(tiny(optim={"preset": "muoneq"})).hash()
+    assert muoneq == build_config(tiny(optim={"geometries": {"hidden": "row_spectral"}})).hash() != build_config(tiny()).hash()
+    assert build_config(tiny(optim={"preset": "muoneq", "geometries": {"hidden": "spectral"}})).hash() == \
+        build_config(tiny(optim={"geometries": {"hidden": "spectral"}})).hash()
     monkeypatch.setitem(PRESETS, "default", PAPER)  # while the default is the paper's choice
     unset, paper, default = (build_config(tiny(optim=o)).hash() for o in ({}, {"preset": "paper"}, {"preset": "default"}))
     assert unset == paper == default

@@ -57,6 +57,8 @@ class MOGA(GeometryOptimizer):
         chosen = preset_options(preset)  # a bad name fails before anything is built
         self.preset, self.preset_multipliers = preset, dict(chosen.lr_multipliers)
         nesterov = chosen.nesterov if nesterov is None else nesterov  # the user's True/False wins
+        if chosen.hidden and "hidden" not in (options.get("geometries") or {}):  # the user's geometry wins
+            options["geometries"] = {**(options.get("geometries") or {}), "hidden": chosen.hidden}
         self.role_geometries = role_geometries(Row(p), Embedding(embedding_q), vectors)
         super().__init__(params, lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                          geometry=geometry, **shared(type(self), options))

@@ -6,9 +6,11 @@ training engine scale (they keep each group's ``initial_lr`` and multiply it), a
 Each group also carries its ``lr_multiplier``, so the base rate stays readable (:func:`base_lr`). Weight
 decay, ``W <- (1 - lr*wd) W``, follows the group's rate, as with any per-group lr in torch.
 
-MOGA's presets (:data:`PRESETS`) are named sets of defaults (:class:`Preset`): per-role multipliers and
-whether momentum is Nesterov's. ``MOGA(model, preset="paper")`` runs the width paper's exact choice, every
-role at ``lr`` with plain EMA momentum; ``"default"`` is MOGA's default. A user's ``lr_multipliers`` override a
+MOGA's presets (:data:`PRESETS`) are named sets of defaults (:class:`Preset`): per-role multipliers, whether
+momentum is Nesterov's, and the hidden matrices' geometry. ``MOGA(model, preset="paper")`` runs the width
+paper's exact choice, every role at ``lr`` with plain EMA momentum; ``"default"`` is MOGA's default;
+``"muoneq"`` is the default with MuonEq's ``row_spectral`` on the hidden matrices (a user's
+``geometries={"hidden": ...}`` wins). A user's ``lr_multipliers`` override a
 preset's role by role, and a preset's multiplier for a role the model does not have is skipped (a user's is an
 error, see :func:`apply_multipliers`); a user's ``nesterov=True/False`` overrides the preset's.
 """
@@ -25,14 +27,17 @@ from moga.roles import ROLES
 
 @dataclass(frozen=True)
 class Preset:
-    """What a MOGA preset sets: per-role lr multipliers (``{}``: every role at lr) and Nesterov momentum."""
+    """What a MOGA preset sets: per-role lr multipliers (``{}``: every role at lr), Nesterov momentum, and the
+    hidden matrices' geometry (None: MOGA's row(p))."""
 
     lr_multipliers: Mapping[str, float] = field(default_factory=dict)
     nesterov: bool = False
+    hidden: str | None = None
 
     def to_dict(self) -> dict:
         """The JSON form a sweep store records (``moga_default_preset``)."""
-        return {"lr_multipliers": dict(self.lr_multipliers), "nesterov": self.nesterov}
+        return {"lr_multipliers": dict(self.lr_multipliers), "nesterov": self.nesterov,
+                **({"hidden": self.hidden} if self.hidden else {})}
 
     @classmethod
     def from_record(cls, record: Mapping | None) -> Preset:
@@ -42,13 +47,15 @@ class Preset:
         if record is None:
             return PAPER
         if "nesterov" in record or "lr_multipliers" in record:
-            return cls(dict(record.get("lr_multipliers") or {}), bool(record.get("nesterov", False)))
+            return cls(dict(record.get("lr_multipliers") or {}), bool(record.get("nesterov", False)),
+                       record.get("hidden"))
         return cls(dict(record), False)
 
     def describe(self) -> str:
         """E.g. "lr multipliers {'embedding': 0.0625}, Nesterov momentum"."""
         momentum = "Nesterov momentum" if self.nesterov else "plain momentum"
-        return f"lr multipliers {dict(self.lr_multipliers) or 'none'}, {momentum}"
+        hidden = f", hidden matrices {self.hidden}" if self.hidden else ""
+        return f"lr multipliers {dict(self.lr_multipliers) or 'none'}, {momentum}{hidden}"
 
 
 # The width paper's exact choice: no multipliers, every role steps at lr, with plain EMA momentum.
@@ -61,7 +68,12 @@ PAPER = Preset(PAPER_MULTIPLIERS, nesterov=False)
 # (800 steps), by 1.4% [0.1, 2.8] at width 64 with 4x the steps and by 1.0-2.2% at 100 steps (3 seeds each).
 DEFAULT_MULTIPLIERS: dict[str, float] = {"embedding": 1 / 16}
 DEFAULT = Preset(DEFAULT_MULTIPLIERS, nesterov=True)
-PRESETS: dict[str, Preset] = {"default": DEFAULT, "paper": PAPER}
+# Beyond the paper: MuonEq's order on the hidden matrices (rows normalized, then orthogonalized; docs/math.md
+# §2.9), MOGA's default elsewhere. Below the published Muon, each tuned, beyond the seed interval at every width
+# measured (CPU 64-512, one H200 512-2048), with its best rate 2^-5 at every width (docs/results.md, "Row-family
+# hybrids against the published Muon").
+MUONEQ = Preset(DEFAULT_MULTIPLIERS, nesterov=True, hidden="row_spectral")
+PRESETS: dict[str, Preset] = {"default": DEFAULT, "paper": PAPER, "muoneq": MUONEQ}
 PRESET_NAMES = tuple(PRESETS)
 
 
@@ -69,7 +81,8 @@ def preset_options(preset: str) -> Preset:
     """MOGA's preset ``preset``, or a clear error naming the presets."""
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(map(repr, PRESET_NAMES))} (\"paper\": the width paper's "
-                         f"exact choice, every role at lr with plain momentum; \"default\": MOGA's default), "
+                         f"exact choice, every role at lr with plain momentum; \"default\": MOGA's default; "
+                         f"\"muoneq\": the default with the hidden matrices' rows normalized, then orthogonalized), "
                          f"got {preset!r}")
     return PRESETS[preset]
 

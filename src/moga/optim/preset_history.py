@@ -40,7 +40,7 @@ def moga_runs(optim: Mapping | None, default: Preset) -> Preset:
     name = optim.get("preset") or "default"
     preset = default if name == "default" else preset_options(name)
     nesterov = optim.get("nesterov")
-    return Preset(dict(preset.lr_multipliers), preset.nesterov if nesterov is None else bool(nesterov))
+    return Preset(dict(preset.lr_multipliers), preset.nesterov if nesterov is None else bool(nesterov), preset.hidden)
 
 
 def moga_pin(ran: Preset, runs: Preset, nesterov_free: bool) -> dict | None:

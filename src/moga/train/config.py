@@ -195,7 +195,8 @@ class _OptimFields(_Section):
     preset: Literal[PRESET_NAMES + MUON_PRESET_NAMES] | None = Field(  # type: ignore[valid-type]
         None, description="moga: a named set of defaults, lr multipliers per role (which optim.lr_multipliers "
         "override role by role) and Nesterov momentum (which optim.nesterov overrides): paper (the width paper's exact "
-        "choice, every role at lr, plain momentum) or default (unset: MOGA's default). muon: published (unset: the "
+        "choice, every role at lr, plain momentum), default (unset: MOGA's default) or muoneq (the default with "
+        "row_spectral on the hidden matrices). muon: published (unset: the "
         "published recipe, AdamW on tables, head and vectors) or moga (moga's all-geometry Muon); MOGA's names run "
         "Muon's default. Other optimizers have one behaviour, which every name denotes; sweepable as optim.preset")
     geometries: dict[Literal[ROLES], str] | None = Field(  # type: ignore[valid-type]

@@ -83,6 +83,8 @@ def _resolve_preset(optim: Mapping) -> dict:
         optim["preset_lr_multipliers"] = dict(preset.lr_multipliers)
     if preset.nesterov:
         optim["nesterov"] = True if optim.get("nesterov") in (None, True) else None
+    if preset.hidden and "hidden" not in (optim.get("geometries") or {}):  # as MOGA applies it: the user's wins
+        optim["geometries"] = {**(optim.get("geometries") or {}), "hidden": preset.hidden}
     return optim
 
 
