@@ -67,14 +67,7 @@ step() {
 # 0. MOGA's row and col steps on CUDA against the CPU's, and the compiled step (not dispatched) against both
 want kernel && {
 step "kernel" 60 "$OUT_DIR/kernel.json" "$PY" scripts/gpu_check.py kernel
-"$PY" - "$OUT_DIR/kernel.json" <<'PY' | tee -a "$SUMMARY"
-import json, sys
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        for name, r in json.loads(line).items():
-            print(f"  {name}: " + (r["error"] if "error" in r else
-                  f"max |CUDA - CPU| {r['max_diff']:.1e} against an update of {r['update']:.1e}"))
-PY
+"$PY" scripts/gpu_check.py lines "$OUT_DIR/kernel.json" | tee -a "$SUMMARY"
 }
 
 # 1. the tests that touch the CUDA paths: the compiled kernel, compile(opt.step), AMP, fake CUDA tensors
@@ -88,15 +81,7 @@ fi
 # 2. host syncs per step and CUDA against CPU, per optimizer
 want syncs && {
 step "syncs" 90 "$OUT_DIR/syncs.json" "$PY" scripts/gpu_check.py syncs
-"$PY" - "$OUT_DIR/syncs.json" <<'PY' | tee -a "$SUMMARY"
-import json, sys
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        for name, r in json.loads(line).items():
-            print(f"  {name}: " + (r["error"] if "error" in r else
-                  f"{r['syncs_per_step']:g} host syncs/step, max |CUDA - CPU| {r['max_diff_vs_cpu']:.1e}"
-                  + (f" ({r['first'][0]})" if r["first"] else "")))
-PY
+"$PY" scripts/gpu_check.py lines "$OUT_DIR/syncs.json" | tee -a "$SUMMARY"
 }
 
 # 3. the optimizer benchmark on the GPU

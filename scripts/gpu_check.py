@@ -4,6 +4,7 @@ JSON line (the shell script collects them into the summary). Only torch and moga
     python scripts/gpu_check.py precheck            # exits 2 with one clear line when there is no CUDA
     python scripts/gpu_check.py syncs               # host syncs per optimizer step (set_sync_debug_mode)
     python scripts/gpu_check.py kernel              # CUDA steps against the CPU's: the op's, and the compiled one
+    python scripts/gpu_check.py lines LOG           # the summary lines of a syncs or kernel log
     python scripts/gpu_check.py config DIR          # writes a char-level GPT config and its corpus into DIR
     python scripts/gpu_check.py tokens RUN_DIR      # median tokens/s of a run's logged train records
     python scripts/gpu_check.py same RUN_A RUN_B    # max weight and loss difference of two sharded runs
@@ -128,6 +129,23 @@ def kernel() -> int:
     return 0 if all(v["max_diff"] < 0.01 * v["update"] for k, v in out.items() if k.startswith("optimizer")) else 1
 
 
+def lines(log: str) -> int:
+    """One summary line per optimizer or step of a ``syncs`` or ``kernel`` log (its JSON line; the rest is noise)."""
+    for line in Path(log).read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        for name, r in json.loads(line).items():
+            if "error" in r:
+                said = r["error"]
+            elif "syncs_per_step" in r:
+                said = (f"{r['syncs_per_step']:g} host syncs/step, max |CUDA - CPU| {r['max_diff_vs_cpu']:.1e}"
+                        + (f" ({r['first'][0]})" if r["first"] else ""))
+            else:
+                said = f"max |CUDA - CPU| {r['max_diff']:.1e} against an update of {r['update']:.1e}"
+            print(f"  {name}: {said}")
+    return 0
+
+
 def config(directory: str) -> int:
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -178,8 +196,8 @@ def same(run_a: str, run_b: str) -> int:
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:] or ["precheck"]
-    commands = {"precheck": precheck, "syncs": syncs, "kernel": kernel, "config": config, "tokens": tokens,
-                "same": same}
+    commands = {"precheck": precheck, "syncs": syncs, "kernel": kernel, "lines": lines, "config": config,
+                "tokens": tokens, "same": same}
     if command not in commands:
         sys.exit(f"gpu_check.py: unknown command {command!r}; one of {', '.join(commands)}")
     sys.exit(commands[command](*args))

@@ -54,3 +54,16 @@ def test_tokens_reads_the_median_rate_after_the_first_record(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     result = helper("tokens", tmp_path)
     assert result.returncode == 0 and json.loads(result.stdout) == {"tokens_per_s": 60, "final_loss": 0.0}
+
+
+def test_lines_summarizes_a_syncs_and_a_kernel_log_past_their_noise(tmp_path):
+    log = tmp_path / "check.json"
+    log.write_text("W1204 a warning\n" + json.dumps({
+        "moga-row-p2": {"syncs_per_step": 0, "max_diff_vs_cpu": 1.5e-8, "first": []},
+        "moga-bf16": {"error": "NotImplementedError: no bfloat16"},
+        "optimizer row(p=2)": {"max_diff": 5.6e-5, "update": 4.1e-5}}) + "\n")
+    result = helper("lines", log)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["  moga-row-p2: 0 host syncs/step, max |CUDA - CPU| 1.5e-08",
+                                          "  moga-bf16: NotImplementedError: no bfloat16",
+                                          "  optimizer row(p=2): max |CUDA - CPU| 5.6e-05 against an update of 4.1e-05"]
