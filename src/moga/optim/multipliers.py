@@ -70,7 +70,7 @@ DEFAULT_MULTIPLIERS: dict[str, float] = {"embedding": 1 / 16}
 DEFAULT = Preset(DEFAULT_MULTIPLIERS, nesterov=True)
 # Beyond the paper: MuonEq's order on the hidden matrices (rows normalized, then orthogonalized; docs/math.md
 # §2.9), MOGA's default elsewhere. Below the published Muon, each tuned, beyond the seed interval at every width
-# measured (CPU 64-512, one H200 512-2048), with its best rate 2^-5 at every width (docs/results.md, "Row-family
+# measured (CPU 64-1024, one H200 512-2048), with its best rate 2^-5 at every width (docs/results.md, "Row-family
 # hybrids against the published Muon").
 MUONEQ = Preset(DEFAULT_MULTIPLIERS, nesterov=True, hidden="row_spectral")
 PRESETS: dict[str, Preset] = {"default": DEFAULT, "paper": PAPER, "muoneq": MUONEQ}
