@@ -38,8 +38,9 @@ FIRST = {ROW: [2.0**k for k in range(-5, 0)], ORTH: [2.0**k for k in range(-7, -
          HYBRID: [2.0**k for k in range(-7, -2)], MUON: [2.0**k for k in range(-8, -3)]}  # 2^-5; 2^-5 to 2^-6
 SEEDS = 3
 # Assumed H200 rates for the plan (bf16): the model's matmuls at about 40% of 790 TFLOP/s, Newton-Schulz's
-# square ones at about 50%, and a floor of 4 ms a step (kernel launches of a 2-layer model).
-MODEL_FLOPS, NS_FLOPS, STEP_FLOOR_S = 3.0e14, 4.0e14, 4e-3
+# square ones at about 50%, and a floor of 12 ms a step (Python and kernel launches of a 2-layer model: 300-step
+# runs at widths 512-1024 took 3.2-5 s on an H200 shared by three jobs, 2026-12-04; at 2048, 5.6-12 s).
+MODEL_FLOPS, NS_FLOPS, STEP_FLOOR_S = 3.0e14, 4.0e14, 12e-3
 
 
 def arguments(argv):
