@@ -58,6 +58,7 @@ PLACEHOLDERS = {
     "runs/tune/target.yaml",  # docs/tune.md: written by `moga tune ... -o runs/tune` just above it
     "runs/depth",             # docs/sweeps.md: the sweep directory `moga sweep ... --out runs/depth` fills
     "runs/research/hybrid-gap",  # docs/results.md: the store `moga sweep ... --out runs/research/hybrid-gap` fills
+    "runs/research/hybrid-gap-baselines",  # docs/results.md: likewise, the sweep just above it fills it
 }
 # `python -m MODULE ...` that stands for `moga ...` (the module runs the same click command).
 MOGA_MODULES = {"moga": [], "moga.train": ["train"]}
