@@ -296,11 +296,20 @@ class SweepStore:
 
     # --- claims --------------------------------------------------------------------------------------
 
-    def claim(self, owner: str, timeout: float) -> dict | None:
-        """Atomically take the next pending cell, or a stale running one. None when nothing is claimable."""
+    def claim(self, owner: str, timeout: float, waits=None) -> dict | None:
+        """Atomically take the next pending cell, or a stale running one. None when nothing is claimable.
+
+        ``waits(cell id, {id: status})``: whether a pending cell must wait for another (a cooldown for the run it
+        branches from, :mod:`moga.sweep.branch`); such a cell is passed over until it need not.
+        """
         now = self._wall()
         with self._write() as con:
-            row = con.execute("SELECT id, params FROM cells WHERE status = 'pending' ORDER BY idx LIMIT 1").fetchone()
+            pending = con.execute("SELECT id, params FROM cells WHERE status = 'pending' ORDER BY idx")
+            if waits is None:
+                row = pending.fetchone()
+            else:
+                status = dict(con.execute("SELECT id, status FROM cells").fetchall())
+                row = next((r for r in pending.fetchall() if not waits(r[0], status)), None)
             event = "claim"
             if row is None:
                 seen_at = self._clock()

@@ -27,6 +27,7 @@ import torch
 from moga.filelock import exclusive_lock
 from moga.files import out_of_space
 from moga.status import DONE, Status
+from moga.sweep.branch import Branches
 from moga.sweep.owners import new_owner
 from moga.sweep.spec import Sweep, SweepError, SweepSpec, canonical
 from moga.sweep.store import SweepStore
@@ -122,11 +123,12 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
     owner = owner or new_owner()
     settled = 0
     allowed = {canonical(c) for c in sweep.cells}  # what the sweep's config makes: nothing else runs
+    branches = Branches(sweep, store.cell_dir)
     with _StopRequest() as stop:
         while True:
             if stop.requested or orphaned(parent_pid):
                 return settled
-            claim = store.claim(owner, sweep.spec.heartbeat_timeout)  # a signal now only sets the flag
+            claim = store.claim(owner, sweep.spec.heartbeat_timeout, branches.waits)  # a signal only sets the flag
             if claim is None:
                 counts = store.counts()
                 if counts[Status.PENDING] == 0 and counts[Status.RUNNING] == 0:
@@ -145,12 +147,16 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 stop.raise_now = True
                 if stop.requested:  # it came during the claim
                     raise Interrupted
-                result = cell_result(store, sweep, cid, params)
+                config = branches.config(params)
+                result = cell_result(store, sweep, cid, params, config)
                 stop.raise_now = False
                 result["threads"] = torch.get_num_threads()  # recorded: the losses depend on it
                 status = result.get("status", Status.FINISHED)
                 if status in DONE:
+                    if config.train.branch_from is not None:
+                        result["branched_from"] = {"cell": branches.points[cid][0], "step": branches.points[cid][1]}
                     store.finish(cid, owner, status, result)
+                    branches.settled(cid, config)
                 else:  # stopped early (SIGTERM, Ctrl-C): the checkpoint is there, the cell resumes later
                     store.release(cid, owner)
                     return settled
@@ -170,13 +176,13 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
             settled += 1
 
 
-def cell_result(store: SweepStore, sweep: Sweep, cid: str, params: dict) -> dict:
+def cell_result(store: SweepStore, sweep: Sweep, cid: str, params: dict, config) -> dict:
     """Train the cell in its own directory, or skip it when a smaller rate of its row diverged."""
     with run_dir_lock(store.cell_dir(cid)):
         if sweep.spec.early_stop_diverged and smaller_lr_diverged(store, sweep, params):
             return {"status": Status.SKIPPED, "reason": "a smaller learning rate of this row diverged",
                     "train_loss": float("inf")}
-        return train_cell(sweep.config(params), store.cell_dir(cid))
+        return train_cell(config, store.cell_dir(cid))
 
 
 def _out_of_space_line(error: Exception, cause: OSError, cid: str, run_dir: Path) -> str:

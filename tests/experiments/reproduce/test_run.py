@@ -8,11 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+
 from moga.experiments.reproduce.catalog import Reproduction, catalog, get, merge
 from moga.experiments.reproduce.quality import _tuned_verdict, claim_outcome, relative_interval, verdict
 from moga.experiments.reproduce.run import judge_panels, recheck, rejudge, reproduce
 from moga.experiments.reproduce.table import END, START, load_outcomes, results_table, update_readme
 from moga.sweep.report import analyze
+from moga.sweep.store import SweepStore
 
 from ...conftest import dataset_or_skip
 from ...sweep.report.synthetic import parabola_sweep
@@ -117,6 +119,10 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     assert set(stored["end_of_run"]) == {"moga (default preset)", "moga (paper preset)", "muon (published)"}
     assert stored["end_of_run"]["moga (paper preset)"]["20"]["weight_decay"] == 0.1
     assert set(stored["ratios"]) == {"moga (default preset)", "moga (paper preset)"}
+    # each 10-step budget is a cooldown branched from its 20-step run at step 8, its own decay start
+    cells = SweepStore(runs / "quick" / "race").cells()
+    short = [c for c in cells if c["params"]["train.steps"] == 10]
+    assert short and all(c["result"]["branched_from"]["step"] == 8 for c in short)
 
     table = results_table(load_outcomes(runs))
     assert table.count("\n") == 1 + len(catalog())  # header, rule, a row per claim

@@ -27,6 +27,8 @@ from moga.geometry import parse_geometry
 from moga.layout import resolve_layout
 from moga.models import GPT
 from moga.roles import build_plan
+from moga.sweep.branch import Branches
+from moga.sweep.spec import cell_id
 from moga.train.build import model_from_config
 from moga.train.config import build_config
 
@@ -193,14 +195,19 @@ def grid_estimate(rep, scale: str, cores: int, min_seeds: int, max_seeds: int, s
     costs = []
     curve_cells: dict[str, tuple[int, float]] = {}  # cells that differ only in lr and seed (one curve of one panel
     # at one scale): how many, and the cost of one (they train the same model for the same steps)
+    branches = Branches(sweep, Path)  # the plan alone: which cells run only their cooldown
     for c in sweep.cells:  # cells that differ only in optimizer settings or seed cost the same: one model each
         key = json.dumps({k: v for k, v in c.items() if (not k.startswith("optim.") or k.startswith("optim.geometries"))
                           and k != "seed"}, sort_keys=True)
         if key not in seen:
             seen[key] = cell_cost(sweep.config(c), cache)
-        costs.append(seen[key])
+        cost = seen[key]
+        if cell_id(c) in branches.points:
+            share = 1 - branches.points[cell_id(c)][1] / cost["steps"]
+            cost = {**cost, "flops": cost["flops"] * share, "seconds": cost["seconds"] * share}
+        costs.append(cost)
         curve = json.dumps({k: v for k, v in c.items() if k not in ("optim.lr", "seed")}, sort_keys=True)
-        curve_cells[curve] = (curve_cells.get(curve, (0, 0.0))[0] + 1, seen[key]["seconds"])
+        curve_cells[curve] = (curve_cells.get(curve, (0, 0.0))[0] + 1, cost["seconds"])
     cells, seconds_total = len(sweep.cells), sum(c["seconds"] for c in costs) / cores
     if curves is not None:
         curve_cells = curves(rep, scale, sweep, curve_cells)

@@ -5,8 +5,9 @@ Every budget (the sweep's ``train.steps`` axis: 1x, 2x, 4x and 8x the Chinchilla
 at CPU scale) is a run of its own under a warmup-stable-decay schedule (:mod:`moga.train.schedule`), so each
 budget's loss is an end-of-run loss, after its own cooldown; the stable phase is shared across budgets step for
 step, so a short budget's run is the long one's branched at its decay start (``train.branch_from``,
-:mod:`moga.train.branch`, gives it bit for bit). The sweep does not branch yet: each budget runs from step 0,
-the same numbers at about 15/11 of the branched cost for budgets 1x, 2x, 4x, 8x with a 20% decay. Comparing intermediate points of runs
+:mod:`moga.train.branch`, gives it bit for bit), and the sweep runs it so (:mod:`moga.sweep.branch`): one stable
+run per setting, and a cooldown from its checkpoint for each shorter budget, 9.4/15 of the cost of running
+budgets 1x, 2x, 4x and 8x each from step 0 with a 20% decay. Comparing intermediate points of runs
 with different schedules misleads (Wen et al. 2025, arXiv 2509.02046); end-of-run losses do not.
 
 A contender is an arm: an optimizer and its preset ("moga (default preset)", "moga (paper preset)", "muon
