@@ -252,17 +252,28 @@ def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp
     assert {cell for cell, _ in stale} <= retaken  # every interrupted cell was taken over, and resumed
 
 
+def sweep_in_python(config: Path, out: Path, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    """A program of the user's that calls ``run_sweep`` (as ``moga reproduce``, ``moga demo`` and ``moga tune``
+    do), with the default SIGTERM handler."""
+    code = ("import sys; from moga.sweep.executor import run_sweep; from moga.sweep.spec import Sweep; "
+            "run_sweep(Sweep.from_file(sys.argv[1]), sys.argv[2], workers=1, progress=False)")
+    return subprocess.Popen([sys.executable, "-c", code, str(config), str(out)], start_new_session=True,
+                            stdout=stdout, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
+
+
 @contextmanager
-def endless_sweep(tmp_path: Path, stdout=subprocess.DEVNULL):
-    """`moga sweep` (its own process group) of one cell that trains until stopped, yielded once the cell has
-    trained a step: (the process, its store). A process left running when the block ends is killed."""
+def endless_sweep(tmp_path: Path, stdout=subprocess.DEVNULL, launch=moga_sweep):
+    """`moga sweep` (its own process group; or ``launch``'s program) of one cell that trains until stopped,
+    yielded once the cell has trained a step: (the process, its store). A process left running when the block
+    ends is killed."""
     endless = {**BASE, "train": {"steps": 10**6, "batch_size": 32}, "checkpoint": {"every": 0},
                "logging": {"progress": False, "log_every": 1}}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": endless, "axes": {"optim.lr": [0.05], "model.depth": [1]},
                                     "scale_key": "model.depth"}))
     store = SweepStore(tmp_path / "out")
-    proc = moga_sweep(path, store.dir, "--workers", "1", stdout=stdout)
+    proc = launch(path, store.dir, "--workers", "1", stdout=stdout) if launch is moga_sweep else launch(
+        path, store.dir, stdout=stdout)
     try:
         while max(_live_progress(store).values(), default=0) < 1:  # the cell is training
             assert proc.poll() is None, proc.stderr.read().decode()
@@ -296,6 +307,18 @@ def test_sigterm_to_the_sweep_ends_it_with_a_message_and_releases_the_cell(tmp_p
         assert proc.wait(timeout=120) == 130
     out, errors = proc.stdout.read().decode(), proc.stderr.read().decode()
     assert "Traceback" not in errors and "interrupted: running cells were checkpointed" in out, (out, errors)
+    (cell,) = store.cells()
+    assert cell["status"] == "pending" and [e["event"] for e in store.events()] == ["claim", "release"]
+
+
+def test_sigterm_to_any_program_running_a_sweep_releases_the_cell(tmp_path):
+    """`moga reproduce`, `moga demo` and `moga tune` run sweeps through ``run_sweep``: a SIGTERM to them also
+    checkpoints the running cell and hands it back (it used to kill the parent alone, and its orphaned worker
+    left the claim to go stale)."""
+    with endless_sweep(tmp_path, launch=sweep_in_python) as (proc, store):
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0
+    assert "KeyboardInterrupt" in proc.stderr.read().decode()  # what the caller catches to say how to resume
     (cell,) = store.cells()
     assert cell["status"] == "pending" and [e["event"] for e in store.events()] == ["claim", "release"]
 

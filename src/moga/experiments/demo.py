@@ -165,6 +165,10 @@ def demo_command(
     except (ValueError, RuntimeError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the sweep's workers checkpointed and handed back their cells
+        typer.echo(f"interrupted: running cells were checkpointed and handed back; run the same command to resume "
+                   f"({out})", err=True)
+        raise typer.Exit(130) from None
     for v in json.loads((result["report"] / "summary.json").read_text())["verdicts"]:
         panel = ", ".join(str(result["arms"].get(x, x)) for x in v["panel"].values() if x)
         typer.echo(f"{panel} ({v['metric']}): {v['line']}")

@@ -11,17 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from moga.status import Status
-from moga.sweep.executor import EXECUTORS, WorkerStopped, run_sweep
+from moga.sweep.executor import EXECUTORS, WorkerStopped, interrupt, run_sweep
 from moga.sweep.results import status_table
 from moga.sweep.seeds import run_sweep_until_decided
 from moga.sweep.spec import Sweep, SweepError
 from moga.sweep.store import SweepStore
 from moga.train.cli import refuse_imports
 from moga.train.config import ConfigError
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def sweep(
@@ -84,7 +80,7 @@ def _run_cells(spec: Sweep, out: Path, run, console: Console, seeds: int, max_se
                max_regret: float) -> dict:
     """Run the sweep (with --seeds above 1, until its panels' verdicts are decided), SIGTERM taken as Ctrl-C;
     its counts."""
-    old = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: workers checkpoint and hand back their cells
+    old = signal.signal(signal.SIGTERM, interrupt)  # as Ctrl-C between runs too (seeds are judged between them)
     try:
         if seeds > 1:
             spec, counts = run_sweep_until_decided(spec, out, run, by, max_regret, min(seeds, max_seeds),

@@ -47,6 +47,24 @@ def start_local_workers(sweep_dir: Path, workers: int, threads: int = 1) -> list
         return [subprocess.Popen(cmd, env=env) for _ in range(workers)]
 
 
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """SIGTERM (a scheduler's stop, `kill PID`) takes Ctrl-C's path: the workers checkpoint and hand back their
+    cells, and the command says how to resume, under every command that runs a sweep."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 @contextlib.contextmanager
 def _sigint_ignored():
     if threading.current_thread() is not threading.main_thread():
@@ -86,20 +104,21 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, workers: int = 1, executor: str = "
     if executor == "ray":
         run_ray_workers(sweep_dir, workers, ray_address, sweep.spec.threads)
     else:
-        procs = start_local_workers(sweep_dir, workers, sweep.spec.threads)
-        try:
-            watch(store, procs, start, progress)
-        finally:  # on Ctrl-C too: one SIGTERM each, so each worker checkpoints and releases its cell
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
+        with sigterm_as_ctrl_c():
+            procs = start_local_workers(sweep_dir, workers, sweep.spec.threads)
             try:
+                watch(store, procs, start, progress)
+            finally:  # on Ctrl-C too: one SIGTERM each, so each worker checkpoints and releases its cell
                 for p in procs:
-                    p.wait()
-            except KeyboardInterrupt:  # a second Ctrl-C: stop now; the claims are retaken at the next run
-                for p in procs:
-                    p.kill()
-                raise
+                    if p.poll() is None:
+                        p.terminate()
+                try:
+                    for p in procs:
+                        p.wait()
+                except KeyboardInterrupt:  # a second Ctrl-C: stop now; the claims are retaken at the next run
+                    for p in procs:
+                        p.kill()
+                    raise
         stopped = [p.returncode for p in procs if p.returncode]
         if stopped:  # a full disk, a damaged store: not "done" with cells still waiting
             raise WorkerStopped(stopped)

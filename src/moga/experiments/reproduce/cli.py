@@ -77,7 +77,13 @@ def reproduce_command(
     for n in names:
         target = out if out is not None and len(names) == 1 else (out or Path("runs/reproduce") / scale) / n
         typer.echo(f"== {n} ({scale}) -> {target}")
-        result = _reproduce_one(n, target, scale, wait, rebuild, data=data if len(names) == 1 else None, **options)
+        try:
+            result = _reproduce_one(n, target, scale, wait, rebuild, data=data if len(names) == 1 else None,
+                                    **options)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the sweep's workers checkpointed and handed back their cells
+            typer.echo(f"{n}: interrupted: running cells were checkpointed and handed back; run the same command "
+                       f"to resume ({target})", err=True)
+            raise typer.Exit(130) from None
         if result is None:
             failed.append(n)
             continue
