@@ -83,10 +83,10 @@ class Branches:
             data["train"]["branch_from"] = str(path)
         return build_config(data)
 
-    def settled(self, cid: str, config) -> None:
+    def settled(self, cid: str, result: dict) -> None:
         """A cell that branched is done: its source's checkpoint at that step serves nobody else."""
-        if config.train.branch_from is not None:
-            Path(config.train.branch_from).unlink(missing_ok=True)
+        if "branched_from" in result:
+            self.checkpoint(cid).unlink(missing_ok=True)
 
 
 def _wsd(data: dict):

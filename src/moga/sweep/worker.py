@@ -147,16 +147,13 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 stop.raise_now = True
                 if stop.requested:  # it came during the claim
                     raise Interrupted
-                config = branches.config(params)
-                result = cell_result(store, sweep, cid, params, config)
+                result = cell_result(store, sweep, cid, params, branches)
                 stop.raise_now = False
                 result["threads"] = torch.get_num_threads()  # recorded: the losses depend on it
                 status = result.get("status", Status.FINISHED)
                 if status in DONE:
-                    if config.train.branch_from is not None:
-                        result["branched_from"] = {"cell": branches.points[cid][0], "step": branches.points[cid][1]}
                     store.finish(cid, owner, status, result)
-                    branches.settled(cid, config)
+                    branches.settled(cid, result)
                 else:  # stopped early (SIGTERM, Ctrl-C): the checkpoint is there, the cell resumes later
                     store.release(cid, owner)
                     return settled
@@ -176,13 +173,19 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
             settled += 1
 
 
-def cell_result(store: SweepStore, sweep: Sweep, cid: str, params: dict, config) -> dict:
-    """Train the cell in its own directory, or skip it when a smaller rate of its row diverged."""
+def cell_result(store: SweepStore, sweep: Sweep, cid: str, params: dict, branches: Branches) -> dict:
+    """Train the cell in its own directory (from the checkpoint it branches from, if any), or skip it when a
+    smaller rate of its row diverged."""
     with run_dir_lock(store.cell_dir(cid)):
         if sweep.spec.early_stop_diverged and smaller_lr_diverged(store, sweep, params):
             return {"status": Status.SKIPPED, "reason": "a smaller learning rate of this row diverged",
                     "train_loss": float("inf")}
-        return train_cell(config, store.cell_dir(cid))
+        config = branches.config(params)
+        result = train_cell(config, store.cell_dir(cid))
+    if config.train.branch_from is not None:
+        source, step = branches.points[cid]
+        result["branched_from"] = {"cell": source, "step": step}
+    return result
 
 
 def _out_of_space_line(error: Exception, cause: OSError, cid: str, run_dir: Path) -> str:

@@ -77,13 +77,7 @@ def reproduce_command(
     for n in names:
         target = out if out is not None and len(names) == 1 else (out or Path("runs/reproduce") / scale) / n
         typer.echo(f"== {n} ({scale}) -> {target}")
-        try:
-            result = _reproduce_one(n, target, scale, wait, rebuild, data=data if len(names) == 1 else None,
-                                    **options)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the sweep's workers checkpointed and handed back their cells
-            typer.echo(f"{n}: interrupted: running cells were checkpointed and handed back; run the same command "
-                       f"to resume ({target})", err=True)
-            raise typer.Exit(130) from None
+        result = _reproduce_one(n, target, scale, wait, rebuild, data=data if len(names) == 1 else None, **options)
         if result is None:
             failed.append(n)
             continue
@@ -116,6 +110,10 @@ def _reproduce_one(n: str, target: Path, scale: str, wait: bool, rebuild: bool, 
     except (ReproduceError, SweepError, OSError, RuntimeError) as e:
         typer.echo(f"{n}: error: {e}", err=True)
         return None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the sweep's workers checkpointed and handed back their cells
+        typer.echo(f"{n}: interrupted: running cells were checkpointed and handed back; run the same command to "
+                   f"resume ({target})", err=True)
+        raise typer.Exit(130) from None
 
 
 def _echo_result(n: str, result: dict) -> None:
