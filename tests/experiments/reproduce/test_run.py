@@ -163,7 +163,11 @@ def test_race_ratios_at_equal_end_of_run_loss():
     swapped = race_ratios(rival, subject)
     assert swapped[400]["tokens_ratio"] == pytest.approx(2.0) and budget_state(swapped[400]) == "failed"
     assert swapped[100]["tokens_ratio"] == math.inf and budget_state(swapped[100]) == "failed"
-    assert token_trend(ratios[100], ratios[400]) == "no trend across budgets: the token intervals overlap"
+    assert token_trend(ratios) == "no trend across budgets: the token intervals overlap"
+    # read over the budgets with a ratio in range: the smallest budget's open end (inf) is not a trend
+    rising = {b: {"tokens_ratio": x, "tokens_interval": (x - 0.05, x + 0.05)}
+              for b, x in ((100, math.inf), (200, 1.2), (400, 1.3), (800, 1.5))}
+    assert token_trend(rising) == "the token ratio rises with budget"
     # equal curves: ratio 1, and the seeds' spread gives an interval around it
     same = race_ratios(rival, rival)[200]
     assert same["tokens_ratio"] == pytest.approx(1.0) and same["tokens_interval"][0] < 1 < same["tokens_interval"][1]

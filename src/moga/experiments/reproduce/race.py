@@ -173,9 +173,13 @@ def budget_state(r: dict) -> str:
     return INCONCLUSIVE
 
 
-def token_trend(first: dict, last: dict) -> str:
-    """How the token ratio moves from the smallest budget to the largest, said only where the intervals part."""
-    a, b = first["tokens_interval"], last["tokens_interval"]
+def token_trend(ratios: dict) -> str:
+    """How the token ratio moves from the smallest budget to the largest with a ratio in range (a loss the rival
+    does not reach, or beats at every budget, has none), said only where the intervals part."""
+    inside = [b for b in sorted(ratios) if 0 < ratios[b]["tokens_ratio"] < math.inf]
+    if len(inside) < 2:
+        return "trend across budgets: fewer than two budgets with a ratio in range"
+    a, b = ratios[inside[0]]["tokens_interval"], ratios[inside[-1]]["tokens_interval"]
     if a is None or b is None:
         return "trend across budgets: no intervals"
     if b[1] < a[0]:
@@ -223,23 +227,16 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             state = UNDECIDED if edges else budget_state(r)
             mine[budget] = {**r, "state": state}
             lines.append(f"[{state}] {subject} at {head(budget)} ends at {r['loss']:.4f}; to end there it needs "
-                         f"{_ratio_text(r['tokens_ratio'], budget, budgets)}"
-                         f"{bracketed(r['tokens_interval'], _TWO_PLACES)} {rival}'s tokens "
-                         f"and {_ratio_text(r['time_ratio'], None, budgets)}"
-                         f"{bracketed(r['time_interval'], _TWO_PLACES)} its time"
-                         + (f"; a best lr on the grid's edge ({', '.join(edges)}): extend it"
-                            if edges else ""))
+                         f"{_key_ratios(r, budget, budgets, rival)}"
+                         + (f"; a best lr on the grid's edge ({', '.join(edges)}): extend it" if edges else ""))
         results[subject] = mine
         if subject == subjects[0]:
             states += [m["state"] for m in mine.values()]
     outcome = worst_state(states)
     claim = results.get(subjects[0], {})
-    key = "; ".join(f"{b} steps: {subjects[0]} {_ratio_text(r['tokens_ratio'], b, budgets)}"
-                    f"{bracketed(r['tokens_interval'], _TWO_PLACES)} {rival}'s tokens, "
-                    f"{_ratio_text(r['time_ratio'], None, budgets)}"
-                    f"{bracketed(r['time_interval'], _TWO_PLACES)} its time" for b, r in claim.items())
+    key = "; ".join(f"{b} steps: {subjects[0]} {_key_ratios(r, b, budgets, rival)}" for b, r in claim.items())
     if len(claim) >= 2:
-        key += f" ({token_trend(claim[budgets[0]], claim[budgets[-1]])})"
+        key += f" ({token_trend(claim)})"
     table = {arm: {str(b): {k: best[(arm, b)][k] for k in ("lr", "weight_decay", "loss", "edge", "losses", "seconds")}
                    for b in budgets if (arm, b) in best} for arm in contenders}
     return {"outcome": outcome, "key": key or "no ratio", "details": lines,
@@ -251,12 +248,21 @@ def _ratio_text(v: float, budget: int | None, budgets: list) -> str:
     it at every one; a token ratio (``budget`` given) says the bound that gives, under ``budget / largest`` or
     over ``budget / smallest``."""
     if v == 0:
-        bound = "" if budget is None else f"under {budget / max(budgets):.2f}x "
-        return f"{bound}(the rival ends above it at every budget)"
+        return "(the rival ends above it at every budget)" if budget is None else \
+            f"under {budget / max(budgets):.2f}x the rival's tokens"
     if math.isinf(v):
-        bound = "" if budget is None else f"over {budget / min(budgets):.2f}x "
-        return f"{bound}(the rival ends below it at every budget)"
+        return "(the rival ends below it at every budget)" if budget is None else \
+            f"over {budget / min(budgets):.2f}x the rival's tokens"
     return f"{v:.2f}x"
+
+
+def _key_ratios(r: dict, budget: int, budgets: list, rival: str) -> str:
+    """One budget's ratios for the outcome's key line; a loss outside the rival's range has no interval."""
+    tokens = _ratio_text(r["tokens_ratio"], budget, budgets)
+    if r["tokens_ratio"] == 0 or math.isinf(r["tokens_ratio"]):
+        return f"{tokens}: {rival}'s loss at every budget is {'above' if r['tokens_ratio'] == 0 else 'below'} its own"
+    return (f"{tokens}{bracketed(r['tokens_interval'], _TWO_PLACES)} {rival}'s tokens, "
+            f"{_ratio_text(r['time_ratio'], None, budgets)}{bracketed(r['time_interval'], _TWO_PLACES)} its time")
 
 
 def contender_arms(rep) -> list[str]:
