@@ -21,7 +21,7 @@ import typer
 
 from moga.experiments.reproduce.table import table_cell
 from moga.files import copy_file, refuse_symlinks, write_text
-from moga.sweep.executor import run_sweep
+from moga.sweep.executor import interrupted_line, run_sweep
 from moga.sweep.report import write_report
 from moga.sweep.results import records
 from moga.sweep.seeds import run_until_decided
@@ -166,8 +166,7 @@ def demo_command(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the sweep's workers checkpointed and handed back their cells
-        typer.echo(f"interrupted: running cells were checkpointed and handed back; run the same command to resume "
-                   f"({out})", err=True)
+        typer.echo(interrupted_line(out), err=True)
         raise typer.Exit(130) from None
     for v in json.loads((result["report"] / "summary.json").read_text())["verdicts"]:
         panel = ", ".join(str(result["arms"].get(x, x)) for x in v["panel"].values() if x)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from moga.status import Status
-from moga.sweep.executor import EXECUTORS, WorkerStopped, interrupt, run_sweep
+from moga.sweep.executor import EXECUTORS, WorkerStopped, interrupt, interrupted_line, run_sweep
 from moga.sweep.results import status_table
 from moga.sweep.seeds import run_sweep_until_decided
 from moga.sweep.spec import Sweep, SweepError
@@ -93,8 +93,7 @@ def _run_cells(spec: Sweep, out: Path, run, console: Console, seeds: int, max_se
             raise typer.Exit(2) from None
         _error_exit(console, e)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM
-        console.print(f"interrupted: running cells were checkpointed and handed back; run the same command "
-                      f"to resume ({out})")
+        console.print(interrupted_line(out))
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, old)

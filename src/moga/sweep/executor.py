@@ -51,6 +51,11 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def interrupted_line(out) -> str:
+    """What a command that ran a sweep says when Ctrl-C or SIGTERM stopped it."""
+    return f"interrupted: running cells were checkpointed and handed back; run the same command to resume ({out})"
+
+
 @contextlib.contextmanager
 def sigterm_as_ctrl_c():
     """SIGTERM (a scheduler's stop, `kill PID`) takes Ctrl-C's path: the workers checkpoint and hand back their

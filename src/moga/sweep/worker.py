@@ -128,7 +128,8 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
         while True:
             if stop.requested or orphaned(parent_pid):
                 return settled
-            claim = store.claim(owner, sweep.spec.heartbeat_timeout, branches.waits)  # a signal only sets the flag
+            # a signal now only sets the flag; a sweep with nothing to branch claims without reading every status
+            claim = store.claim(owner, sweep.spec.heartbeat_timeout, branches.waits if branches.points else None)
             if claim is None:
                 counts = store.counts()
                 if counts[Status.PENDING] == 0 and counts[Status.RUNNING] == 0:

@@ -15,6 +15,7 @@ from moga.experiments.reproduce.catalog import ReproduceError, catalog, cost_cac
 from moga.experiments.reproduce.run import reproduce
 from moga.experiments.reproduce.table import load_outcomes, results_table, update_readme
 from moga.filelock import writer_lock
+from moga.sweep.executor import interrupted_line
 from moga.sweep.spec import SweepError
 from moga.sweep.store import set_aside_all
 
@@ -111,8 +112,7 @@ def _reproduce_one(n: str, target: Path, scale: str, wait: bool, rebuild: bool, 
         typer.echo(f"{n}: error: {e}", err=True)
         return None
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the sweep's workers checkpointed and handed back their cells
-        typer.echo(f"{n}: interrupted: running cells were checkpointed and handed back; run the same command to "
-                   f"resume ({target})", err=True)
+        typer.echo(f"{n}: {interrupted_line(target)}", err=True)
         raise typer.Exit(130) from None
 
 

@@ -201,9 +201,9 @@ def grid_estimate(rep, scale: str, cores: int, min_seeds: int, max_seeds: int, s
                           and k != "seed"}, sort_keys=True)
         if key not in seen:
             seen[key] = cell_cost(sweep.config(c), cache)
-        cost = seen[key]
-        if cell_id(c) in branches.points:
-            share = 1 - branches.points[cell_id(c)][1] / cost["steps"]
+        cost, point = seen[key], branches.points.get(cell_id(c))
+        if point is not None:  # only its cooldown runs
+            share = 1 - point[1] / cost["steps"]
             cost = {**cost, "flops": cost["flops"] * share, "seconds": cost["seconds"] * share}
         costs.append(cost)
         curve = json.dumps({k: v for k, v in c.items() if k not in ("optim.lr", "seed")}, sort_keys=True)

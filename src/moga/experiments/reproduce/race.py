@@ -243,26 +243,24 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             "race": {"end_of_run": table, "ratios": {s: {str(b): r for b, r in v.items()} for s, v in results.items()}}}
 
 
-def _ratio_text(v: float, budget: int | None, budgets: list) -> str:
-    """A ratio; 0 and inf are the open ends: the rival ends above the subject's loss at every budget, or below
-    it at every one; a token ratio (``budget`` given) says the bound that gives, under ``budget / largest`` or
-    over ``budget / smallest``."""
+def _ratio_text(v: float, budget: int, budgets: list) -> str:
+    """A token ratio; 0 and inf are the open ends (the rival ends above the subject's loss at every budget, or
+    below it at every one), said as the bound they give: under ``budget / largest`` or over ``budget / smallest``."""
     if v == 0:
-        return "(the rival ends above it at every budget)" if budget is None else \
-            f"under {budget / max(budgets):.2f}x the rival's tokens"
+        return f"under {budget / max(budgets):.2f}x the rival's tokens"
     if math.isinf(v):
-        return "(the rival ends below it at every budget)" if budget is None else \
-            f"over {budget / min(budgets):.2f}x the rival's tokens"
+        return f"over {budget / min(budgets):.2f}x the rival's tokens"
     return f"{v:.2f}x"
 
 
 def _key_ratios(r: dict, budget: int, budgets: list, rival: str) -> str:
-    """One budget's ratios for the outcome's key line; a loss outside the rival's range has no interval."""
+    """One budget's ratios for the outcome's key line; a loss outside the rival's range has no interval (its time
+    ratio is open exactly when its token ratio is: both come from the same crossing)."""
     tokens = _ratio_text(r["tokens_ratio"], budget, budgets)
     if r["tokens_ratio"] == 0 or math.isinf(r["tokens_ratio"]):
         return f"{tokens}: {rival}'s loss at every budget is {'above' if r['tokens_ratio'] == 0 else 'below'} its own"
     return (f"{tokens}{bracketed(r['tokens_interval'], _TWO_PLACES)} {rival}'s tokens, "
-            f"{_ratio_text(r['time_ratio'], None, budgets)}{bracketed(r['time_interval'], _TWO_PLACES)} its time")
+            f"{r['time_ratio']:.2f}x{bracketed(r['time_interval'], _TWO_PLACES)} its time")
 
 
 def contender_arms(rep) -> list[str]:

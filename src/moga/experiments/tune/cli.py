@@ -13,7 +13,7 @@ import typer
 from moga.experiments.tune.knobs import TuneError
 from moga.experiments.tune.plan import MIN_STEPS, REGIMES
 from moga.experiments.tune.run import tune
-from moga.sweep.executor import EXECUTORS
+from moga.sweep.executor import EXECUTORS, interrupted_line
 from moga.train.cli import refuse_imports
 
 UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -81,5 +81,5 @@ def tune_command(
         typer.echo(f"error: {str(e).strip().splitlines()[0]}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: run the same command to resume ({out})", err=True)
+        typer.echo(interrupted_line(out), err=True)
         raise typer.Exit(130) from None
