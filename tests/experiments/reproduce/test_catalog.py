@@ -64,7 +64,8 @@ def test_every_cell_of_every_grid_builds_its_model_and_optimizer(scale):
 @pytest.mark.parametrize("scale", SCALES)
 def test_every_reproduction_runs_moga_as_the_paper_did(scale):
     """Each MOGA cell pins optim.preset: paper, so a change of MOGA's default cannot change what a reproduction runs;
-    the race also races MOGA's default, by name, beside it (issue 35), and its store records what the default ran."""
+    the race also races MOGA's default and the muoneq preset, by name, beside it (issue 35), and its store records
+    what the default ran."""
     pinned = 0
     for rep in catalog().values():
         if rep.kind == "tune":
@@ -77,7 +78,7 @@ def test_every_reproduction_runs_moga_as_the_paper_did(scale):
         for cell in sweep.cells:
             config = sweep.config(cell)
             if config.optim.name == "moga":
-                allowed = ("paper", "default") if rep.name == "race" else ("paper",)
+                allowed = ("paper", "default", "muoneq") if rep.name == "race" else ("paper",)
                 assert config.optim.preset in allowed, (rep.name, cell)
                 pinned += 1
     assert pinned

@@ -113,12 +113,13 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     # one rate each is no tuning: whoever is faster, the race cannot decide the claim
     assert result["outcome"] == "undecided"
     ends = [line for line in result["details"] if "end-of-run loss" in line]
-    assert len(ends) == 3 * 2 and all("3 seeds" in line for line in ends)  # three arms, two budgets
+    assert len(ends) == 4 * 2 and all("3 seeds" in line for line in ends)  # four arms, two budgets
     assert any(line.startswith("muon (published) at budget 20 steps") for line in ends)
     stored = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text())
-    assert set(stored["end_of_run"]) == {"moga (default preset)", "moga (paper preset)", "muon (published)"}
+    subjects = {"moga (default preset)", "moga (paper preset)", "moga (muoneq preset)"}
+    assert set(stored["end_of_run"]) == subjects | {"muon (published)"}
     assert stored["end_of_run"]["moga (paper preset)"]["20"]["weight_decay"] == 0.1
-    assert set(stored["ratios"]) == {"moga (default preset)", "moga (paper preset)"}
+    assert set(stored["ratios"]) == subjects
     # each 10-step budget is a cooldown branched from its 20-step run at step 8, its own decay start
     cells = SweepStore(runs / "quick" / "race").cells()
     short = [c for c in cells if c["params"]["train.steps"] == 10]
