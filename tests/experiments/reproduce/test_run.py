@@ -116,10 +116,22 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     assert len(ends) == 4 * 2 and all("3 seeds" in line for line in ends)  # four arms, two budgets
     assert any(line.startswith("muon (published) at budget 20 steps") for line in ends)
     stored = json.loads((runs / "quick" / "race" / "report" / "race.json").read_text())
-    subjects = {"moga (default preset)", "moga (paper preset)", "moga (muoneq preset)"}
+    subjects_in_order = ["moga (default preset)", "moga (paper preset)", "moga (muoneq preset)"]
+    subjects = set(subjects_in_order)
     assert set(stored["end_of_run"]) == subjects | {"muon (published)"}
     assert stored["end_of_run"]["moga (paper preset)"]["20"]["weight_decay"] == 0.1
     assert set(stored["ratios"]) == subjects
+    # the time ratio is the token ratio times the step-time ratio, timed side by side after the runs
+    timing = stored["step_cost"]
+    assert list(timing["seconds"]) == [*subjects_in_order, "muon (published)"]
+    assert all(len(v) == 3 for v in timing["seconds"].values()) and timing["steps"] == 2
+    for subject, by_budget in stored["ratios"].items():
+        step = float(np.median([s / r for s, r in zip(timing["seconds"][subject], timing["seconds"]["muon (published)"])]))
+        for r in by_budget.values():
+            assert r["step_ratio"] == pytest.approx(step)
+            if r["tokens_ratio"] is not None:  # an open end (inf) is stored as null
+                assert r["time_ratio"] == pytest.approx(r["tokens_ratio"] * step)
+    assert any(line.startswith("step times, side by side (3 rounds of 2 steps") for line in result["details"])
     # each 10-step budget is a cooldown branched from its 20-step run at step 8, its own decay start
     cells = SweepStore(runs / "quick" / "race").cells()
     short = [c for c in cells if c["params"]["train.steps"] == 10]
@@ -140,10 +152,9 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
         update_readme(tmp_path / "docs" / "reproduce" / "quick" / "joint.json", runs)
 
 
-def end_of_run(losses_by_budget, seconds_per_step=0.01, spread=0.01):
-    """{budget: three seeds' end-of-run losses and seconds} from a seed-mean loss per budget."""
-    return {b: {"losses": [m * (1 + spread * (s - 1)) for s in range(3)], "seconds": [b * seconds_per_step] * 3}
-            for b, m in losses_by_budget.items()}
+def end_of_run(losses_by_budget, spread=0.01):
+    """{budget: three seeds' end-of-run losses} from a seed-mean loss per budget."""
+    return {b: [m * (1 + spread * (s - 1)) for s in range(3)] for b, m in losses_by_budget.items()}
 
 
 def test_race_ratios_at_equal_end_of_run_loss():
@@ -157,11 +168,17 @@ def test_race_ratios_at_equal_end_of_run_loss():
     # beyond the budgets run, no extrapolation: more than the largest (inf), less than the smallest (0)
     assert tokens_to_loss(budgets, [3.0, 2.8, 2.6, 2.4], 2.3) == math.inf
     assert tokens_to_loss(budgets, [3.0, 2.8, 2.6, 2.4], 3.1) == 0.0
-    ratios = race_ratios(subject, rival)
+    ratios = race_ratios(subject, rival, [0.8] * 5)  # its step takes 0.8x the rival's
     for b, r in ratios.items():
-        assert r["tokens_ratio"] == pytest.approx(0.5) and r["time_ratio"] == pytest.approx(0.5)
-        assert r["tokens_interval"][1] < 1 and budget_state(r) == "held"
-    swapped = race_ratios(rival, subject)
+        assert r["tokens_ratio"] == pytest.approx(0.5) and r["time_ratio"] == pytest.approx(0.4)
+        assert r["tokens_interval"][1] < 1 and r["time_interval"][1] < 1 and budget_state(r) == "held"
+    # half the tokens, but a step 2.5x as long: behind in time, so failed; the rounds' spread widens the interval
+    slow = race_ratios(subject, rival, [2.3, 2.4, 2.5, 2.6, 2.7])[200]
+    assert slow["time_ratio"] == pytest.approx(1.25) and slow["time_interval"][0] > 1
+    assert budget_state(slow) == "failed"
+    steady = race_ratios(subject, rival, [2.5] * 5)[200]
+    assert steady["time_interval"][1] - steady["time_interval"][0] < slow["time_interval"][1] - slow["time_interval"][0]
+    swapped = race_ratios(rival, subject, [1.25] * 5)
     assert swapped[400]["tokens_ratio"] == pytest.approx(2.0) and budget_state(swapped[400]) == "failed"
     assert swapped[100]["tokens_ratio"] == math.inf and budget_state(swapped[100]) == "failed"
     assert token_trend(ratios) == "no trend across budgets: the token intervals overlap"
@@ -170,7 +187,7 @@ def test_race_ratios_at_equal_end_of_run_loss():
               for b, x in ((100, math.inf), (200, 1.2), (400, 1.3), (800, 1.5))}
     assert token_trend(rising) == "the token ratio rises with budget"
     # equal curves: ratio 1, and the seeds' spread gives an interval around it
-    same = race_ratios(rival, rival)[200]
+    same = race_ratios(rival, rival, [1.0])[200]
     assert same["tokens_ratio"] == pytest.approx(1.0) and same["tokens_interval"][0] < 1 < same["tokens_interval"][1]
     assert budget_state(same) == "inconclusive"
 

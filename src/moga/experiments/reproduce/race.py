@@ -15,17 +15,19 @@ A contender is an arm: an optimizer and its preset ("moga (default preset)", "mo
 axis (lowest seed-mean final training loss), then ``min_seeds`` seeds run at that setting. For a subject's budget
 ``B`` with end-of-run loss ``L``, the rival's end-of-run loss against log tokens, interpolated linearly between
 its budgets, gives the tokens ``T`` at which the rival would end at ``L``: the token ratio is ``B / T`` (below 1:
-the subject needs fewer tokens). The time ratio is the subject's run time over the rival's, interpolated the same
-way at ``T``. A loss outside the rival's range has no ratio (it is beyond the budgets run), which is said. The 95%
-intervals resample each arm's seeds at each budget.
+the subject needs fewer tokens). The time ratio is the token ratio times the ratio of the two arms' step times,
+timed side by side once the runs are done (:mod:`moga.train.step_cost`: the arms take turns, the median of
+per-round ratios; on one CPU thread, process CPU time), since every budget's steps are the same steps: the cells'
+own run times, made at different times beside different jobs, compare loosely. A loss outside the rival's range
+has no ratio (it is beyond the budgets run), which is said. The 95% intervals resample each arm's seeds at each
+budget, and for time also the timing's rounds.
 
 A subject's budget is **held** when both ratios' upper bounds are below 1, **failed** when either lower bound is
-above 1, **inconclusive** otherwise (or out of range), and **undecided** when a best rate lies on its grid's edge.
-Time is wall-clock: runs that shared a loaded machine time it loosely.
-"""
+above 1, **inconclusive** otherwise (or out of range), and **undecided** when a best rate lies on its grid's edge."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -39,9 +41,11 @@ from moga.sweep.report.summary import json_safe
 from moga.sweep.seeds import stored_include
 from moga.sweep.spec import arm_label
 from moga.sweep.store import SweepStore
+from moga.train.step_cost import step_seconds
 from moga.verdicts import FAILED, HELD, INCONCLUSIVE, UNDECIDED, worst_state
 
 RESAMPLES = 1000
+STEP_COST = "step-cost.json"
 _TWO_PLACES = "{:.2f}".format  # the ratios' intervals
 
 
@@ -61,7 +65,7 @@ def cell_arms(store, sweep) -> dict[str, str]:
 
 def best_settings(store, sweep, contenders) -> dict[tuple, dict]:
     """(arm, budget) -> the setting of lowest seed-mean end-of-run loss: {lr, weight_decay, loss, edge (the lr on
-    its grid's edge), cells: {seed: cell id}, losses: {seed: loss}, seconds: {seed: wall time}}."""
+    its grid's edge), cells: {seed: cell id}, losses: {seed: loss}}."""
     budget_key = _budget_key(sweep)
     base_seed = sweep.base.get("seed", 0)
     arms = cell_arms(store, sweep)
@@ -76,10 +80,8 @@ def best_settings(store, sweep, contenders) -> dict[tuple, dict]:
         budget = p.get(budget_key, sweep.base["train"]["steps"])
         wd = p.get("optim.weight_decay", sweep.base.get("optim", {}).get("weight_decay", 0.0))
         seed = p.get("seed", base_seed)
-        setting = runs.setdefault((arm, budget), {}).setdefault((p["optim.lr"], wd), {"cells": {}, "losses": {},
-                                                                                     "seconds": {}})
+        setting = runs.setdefault((arm, budget), {}).setdefault((p["optim.lr"], wd), {"cells": {}, "losses": {}})
         setting["cells"][seed], setting["losses"][seed] = c["id"], loss
-        setting["seconds"][seed] = result.get("wall_time_s", math.nan)
     best = {}
     for key, settings in runs.items():
         mean = {s: float(np.mean(list(v["losses"].values()))) for s, v in settings.items()}
@@ -119,37 +121,28 @@ def tokens_to_loss(budgets, losses, target: float) -> float:
     return 0.0 if np.all(y < target) else float(budgets[0])
 
 
-def _at(budgets, values, budget: float) -> float:
-    """``values`` (per budget) interpolated linearly in log2(budget)."""
-    return float(np.interp(math.log2(budget), np.log2(np.asarray(budgets, dtype=float)), values))
-
-
-def race_ratios(subject: dict, rival: dict, level: float = 0.95, seed: int = 0) -> dict:
-    """Per subject budget: the token and time ratios at equal end-of-run loss, with seed intervals.
-    ``subject``/``rival``: {budget: {"losses": [per seed], "seconds": [per seed]}}."""
+def race_ratios(subject: dict, rival: dict, step_ratios: list[float], level: float = 0.95, seed: int = 0) -> dict:
+    """Per subject budget: the token and time ratios at equal end-of-run loss, with intervals.
+    ``subject``/``rival``: {budget: [end-of-run loss per seed]}; ``step_ratios``: the subject's step time over
+    the rival's, one per timing round (the time ratio is the token ratio times their median)."""
     budgets = sorted(rival)
 
-    def ratio(s_budget, s_losses, s_seconds, rival_losses, rival_seconds):
-        target = float(np.mean(s_losses))
-        at = tokens_to_loss(budgets, [float(np.mean(v)) for v in rival_losses], target)
-        if at in (0.0, math.inf):  # beyond the budgets run: 0 (the rival needs more than its largest), or inf
-            return (math.inf, math.inf) if at == 0 else (0.0, 0.0)
-        return s_budget / at, float(np.mean(s_seconds)) / _at(budgets, [np.mean(v) for v in rival_seconds], at)
+    def tokens_ratio(s_budget, s_losses, rival_losses):
+        at = tokens_to_loss(budgets, [float(np.mean(v)) for v in rival_losses], float(np.mean(s_losses)))
+        # beyond the budgets run: 0 (the rival needs more than its largest), or inf
+        return math.inf if at == 0 else 0.0 if math.isinf(at) else s_budget / at
 
     rng = np.random.default_rng(seed)
+    step = float(np.median(step_ratios))
     out = {}
     for b, s in sorted(subject.items()):
-        r_losses = [rival[x]["losses"] for x in budgets]
-        r_seconds = [rival[x]["seconds"] for x in budgets]
-        tokens, time_ = ratio(b, s["losses"], s["seconds"], r_losses, r_seconds)
+        r_losses = [rival[x] for x in budgets]
+        tokens = tokens_ratio(b, s, r_losses)
         draws = []
-        if min(len(s["losses"]), *(len(v) for v in r_losses)) >= 2:
+        if min(len(s), *(len(v) for v in r_losses)) >= 2:
             for _ in range(RESAMPLES):
-                i = rng.integers(0, len(s["losses"]), len(s["losses"]))
-                picks = [rng.integers(0, len(v), len(v)) for v in r_losses]
-                draws.append(ratio(b, np.asarray(s["losses"])[i], np.asarray(s["seconds"])[i],
-                                   [np.asarray(v)[k] for v, k in zip(r_losses, picks)],
-                                   [np.asarray(v)[k] for v, k in zip(r_seconds, picks)]))
+                t = tokens_ratio(b, rng.choice(s, len(s)), [rng.choice(v, len(v)) for v in r_losses])
+                draws.append((t, t * float(np.median(rng.choice(step_ratios, len(step_ratios))))))
         tail = (1 - level) / 2
 
         def interval(k):  # a resample beyond the budgets run gives an open end (0 or inf)
@@ -157,8 +150,8 @@ def race_ratios(subject: dict, rival: dict, level: float = 0.95, seed: int = 0) 
             return tuple(float(np.quantile(values, q, method=m)) for q, m in ((tail, "lower"), (1 - tail, "higher"))
                          ) if values else None
 
-        out[b] = {"loss": float(np.mean(s["losses"])), "tokens_ratio": tokens, "time_ratio": time_,
-                  "tokens_interval": interval(0), "time_interval": interval(1), "seeds": len(s["losses"])}
+        out[b] = {"loss": float(np.mean(s)), "tokens_ratio": tokens, "time_ratio": tokens * step,
+                  "step_ratio": step, "tokens_interval": interval(0), "time_interval": interval(1), "seeds": len(s)}
     return out
 
 
@@ -191,8 +184,10 @@ def token_trend(ratios: dict) -> str:
 
 def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
     """Each subject arm against the rival (the last contender) at every budget; the claim's outcome is the first
-    subject's (the claim's), the others' lines are reported beside it."""
+    subject's (the claim's), the others' lines are reported beside it. The step times are ``out``'s
+    :data:`STEP_COST` (:func:`time_steps`)."""
     store = SweepStore(out)
+    timing = json.loads((Path(out) / STEP_COST).read_text())
     contenders = contender_arms(rep)
     subjects, rival = contenders[:-1], contenders[-1]
     best = best_settings(store, sweep, contenders)
@@ -205,8 +200,8 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
         return f"budget {budget} steps ({tokens / 1e6:.2f}M tokens{per_param})"
 
     lines, results, states = [], {}, []
-    data = {arm: {b: {"losses": list(v["losses"].values()), "seconds": list(v["seconds"].values())}
-                  for (a, b), v in best.items() if a == arm and math.isfinite(v["loss"])} for arm in contenders}
+    data = {arm: {b: list(v["losses"].values()) for (a, b), v in best.items() if a == arm and math.isfinite(v["loss"])}
+            for arm in contenders}
     for arm in contenders:  # the end-of-run losses, every arm at every budget
         for budget in budgets:
             b = best.get((arm, budget))
@@ -218,7 +213,8 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
             states.append(UNDECIDED)
             lines.append(f"[undecided] {subject} vs {rival}: too few finished budgets to interpolate")
             continue
-        ratios = race_ratios(data[subject], data[rival])
+        seconds = timing["seconds"]
+        ratios = race_ratios(data[subject], data[rival], [s / r for s, r in zip(seconds[subject], seconds[rival])])
         mine = {}
         for budget, r in ratios.items():
             # the subject's tuning at this budget, and the rival's at every budget the interpolation reads
@@ -237,10 +233,15 @@ def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
     key = "; ".join(f"{b} steps: {subjects[0]} {_key_ratios(r, b, budgets, rival)}" for b, r in claim.items())
     if len(claim) >= 2:
         key += f" ({token_trend(claim)})"
-    table = {arm: {str(b): {k: best[(arm, b)][k] for k in ("lr", "weight_decay", "loss", "edge", "losses", "seconds")}
+    table = {arm: {str(b): {k: best[(arm, b)][k] for k in ("lr", "weight_decay", "loss", "edge", "losses")}
                    for b in budgets if (arm, b) in best} for arm in contenders}
+    steps = {arm: float(np.median(v)) for arm, v in timing["seconds"].items()}
+    lines.append(f"step times, side by side ({timing['rounds']} rounds of {timing['steps']} steps, median, "
+                 f"{timing['clock']} clock, {timing['threads']} thread(s), {timing['device']}): "
+                 + ", ".join(f"{arm} {1e3 * v:.2f} ms" for arm, v in steps.items()))
     return {"outcome": outcome, "key": key or "no ratio", "details": lines,
-            "race": {"end_of_run": table, "ratios": {s: {str(b): r for b, r in v.items()} for s, v in results.items()}}}
+            "race": {"end_of_run": table, "ratios": {s: {str(b): r for b, r in v.items()} for s, v in results.items()},
+                     "step_cost": timing}}
 
 
 def _ratio_text(v: float, budget: int, budgets: list) -> str:
@@ -278,7 +279,31 @@ def _race_runs(rep, out: Path, args: RunArgs):
         include += extra
         sweep = make(include)
         counts = args.run(sweep, out)
+    time_steps(rep, args.scale, sweep, out)
     return sweep, counts
+
+
+def time_steps(rep, scale: str, sweep, out: Path) -> dict:
+    """Every arm's training step timed side by side (:func:`moga.train.step_cost.step_seconds`, the sweep's
+    threads per cell, ``timing`` in the YAML), once the runs are done, so nothing else of the race runs beside
+    it; kept in ``out``'s :data:`STEP_COST` and read again while its arms and settings are the same."""
+    settings = {**rep.raw.get("timing", {}), **rep.scale(scale).get("timing", {})}
+    path = Path(out) / STEP_COST
+    arms = contender_arms(rep)
+    if path.is_file():
+        kept = json.loads(path.read_text())
+        if list(kept["seconds"]) == arms and all(kept.get(k) == v for k, v in settings.items()):
+            return kept
+    store = SweepStore(out)
+    labels, configs = cell_arms(store, sweep), {}
+    for c in store.cells():  # one cell per arm: a step costs the same at any rate and budget
+        configs.setdefault(labels[c["id"]], sweep.config(c["params"]))
+    missing = [arm for arm in arms if arm not in configs]
+    if missing:
+        raise ValueError(f"no cell of {', '.join(missing)} in {out} to time")
+    timing = step_seconds({arm: configs[arm] for arm in arms}, threads=sweep.spec.threads, **settings)
+    write_json(path, timing)
+    return timing
 
 
 def _judge_race(rep, sweep, out: Path, max_regret: float) -> dict:
