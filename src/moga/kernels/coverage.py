@@ -10,19 +10,18 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from moga.geometry import Geometry, KernelPlan
-from moga.hardware import traced_as_constant
 from moga.layout import Layout
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
-@traced_as_constant  # depends on static facts only
 def plan(geometry: Geometry, layout: Layout, shape: torch.Size) -> KernelPlan | None:
     """``((B, K, N), p, factor)`` such that the geometry's LMO is ``-factor * phi_p`` along K of the
     tensor's (B, K, N) view; None when the kernel does not cover it (spectral, vector, p = inf, or
     normalized axes that are not adjacent). An empty tensor has nothing to do, whatever the geometry.
     Remembered in eager, where every step asks again for each tensor (geometries and layouts are frozen,
-    so the answer cannot change); a traced step may see symbolic shapes, which do not hash."""
+    so the answer cannot change); a traced step may see symbolic shapes, which do not hash, and traces the
+    arithmetic (marked constant, torch 2.11's dynamo refuses a frozen dataclass argument)."""
     if torch.compiler.is_compiling():
         return _plan(geometry, layout, shape)
     return _remembered_plan(geometry, layout, shape)
