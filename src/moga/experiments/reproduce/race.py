@@ -10,11 +10,11 @@ run per setting, and a cooldown from its checkpoint for each shorter budget, 9.4
 budgets 1x, 2x, 4x and 8x each from step 0 with a 20% decay. Comparing intermediate points of runs
 with different schedules misleads (Wen et al. 2025, arXiv 2509.02046); end-of-run losses do not.
 
-A contender is an arm: an optimizer and its preset ("moga (default preset)", "moga (paper preset)", "muon
-(published)"; :func:`moga.sweep.spec.arm_label`). At each budget it is tuned over its lr grid and the weight decay
-axis (lowest seed-mean final training loss), then ``min_seeds`` seeds run at that setting. For a subject's budget
-``B`` with end-of-run loss ``L``, the rival's end-of-run loss against log tokens, interpolated linearly between
-its budgets, gives the tokens ``T`` at which the rival would end at ``L``: the token ratio is ``B / T`` (below 1:
+A contender is an arm: an optimizer and its preset ("moga (default preset)", "moga (paper preset)", "moga
+(muoneq preset)", "muon (published)"; :func:`moga.sweep.spec.arm_label`). At each budget it is tuned over its lr
+grid and the weight decay axis (lowest seed-mean final training loss), then ``min_seeds`` seeds run at that
+setting. For a subject's budget ``B`` with end-of-run loss ``L``, the rival's end-of-run loss against log tokens,
+interpolated linearly between its budgets, gives the tokens ``T`` at which the rival would end at ``L``: the token ratio is ``B / T`` (below 1:
 the subject needs fewer tokens). The time ratio is the token ratio times the ratio of the two arms' step times,
 timed side by side once the runs are done (:mod:`moga.train.step_cost`: the arms take turns, the median of
 per-round ratios; on one CPU thread, process CPU time), since every budget's steps are the same steps: the cells'
