@@ -391,18 +391,12 @@ class Trainer:
         else:
             self.optimizer.step()
 
-    def timed_steps(self, steps: int, now=time.perf_counter) -> float:
-        """Seconds for ``steps`` training steps taken as :meth:`_loop` takes them (forward and backward, the
-        optimizer's step, zero_grad), with nothing logged, evaluated or saved and the step counter left where it
-        is: a step's cost, timed beside another config's (:mod:`moga.train.step_cost`). Call :meth:`_setup` first."""
-        sync = torch.cuda.synchronize if self.dist.device.type == "cuda" else (lambda: None)
-        sync()
-        start = now()
+    def steps_untracked(self, steps: int) -> None:
+        """``steps`` steps as :meth:`_loop` takes them, with nothing logged, evaluated or saved and the step counter
+        kept: what :mod:`moga.train.step_cost` times."""
         for _ in range(steps):
             self._optimizer_step(self._forward_backward())
             self.optimizer.zero_grad(set_to_none=True)
-        sync()  # a GPU step is done when its kernels are
-        return now() - start
 
     def _stopped(self) -> dict:
         """Not a result: the run continues when ``run`` is called again (nothing is written but the checkpoint)."""

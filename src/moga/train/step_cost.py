@@ -38,12 +38,16 @@ def step_seconds(configs: dict[str, RunConfig | dict], rounds: int = 21, steps: 
             devices = {t.dist.device.type for t in trainers.values()}
             one_cpu_thread = devices == {"cpu"} and torch.get_num_threads() == 1
             now = time.process_time if one_cpu_thread else time.perf_counter
+            sync = torch.cuda.synchronize if "cuda" in devices else (lambda: None)  # a GPU step ends with its kernels
             seconds: dict[str, list[float]] = {name: [] for name in trainers}
             for r in range(warmup + rounds):
                 for name, trainer in trainers.items():  # take turns, so noise is shared
-                    elapsed = trainer.timed_steps(steps, now)
+                    sync()
+                    start = now()
+                    trainer.steps_untracked(steps)
+                    sync()
                     if r >= warmup:
-                        seconds[name].append(elapsed / steps)
+                        seconds[name].append((now() - start) / steps)
             return {"seconds": seconds, "clock": "cpu" if one_cpu_thread else "wall",
                     "threads": torch.get_num_threads(), "device": ",".join(sorted(devices)), "rounds": rounds,
                     "steps": steps}
@@ -52,7 +56,7 @@ def step_seconds(configs: dict[str, RunConfig | dict], rounds: int = 21, steps: 
 
 
 def trainer_for_timing(cfg: RunConfig | dict, scratch: Path) -> Trainer:
-    """A trainer set up in one process at step 0, for :meth:`Trainer.timed_steps`; ``scratch`` (a directory that
+    """A trainer set up in one process at step 0, for :meth:`Trainer.steps_untracked`; ``scratch`` (a directory that
     need not exist) is neither read nor written. A branched cooldown's config starts from its initial weights:
     its step costs what its source's does."""
     cfg = as_config(cfg)

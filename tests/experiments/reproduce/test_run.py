@@ -126,7 +126,8 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     assert list(timing["seconds"]) == [*subjects_in_order, "muon (published)"]
     assert all(len(v) == 3 for v in timing["seconds"].values()) and timing["steps"] == 2
     for subject, by_budget in stored["ratios"].items():
-        step = float(np.median([s / r for s, r in zip(timing["seconds"][subject], timing["seconds"]["muon (published)"])]))
+        rival = timing["seconds"]["muon (published)"]
+        step = float(np.median([s / r for s, r in zip(timing["seconds"][subject], rival)]))
         for r in by_budget.values():
             assert r["step_ratio"] == pytest.approx(step)
             if r["tokens_ratio"] is not None:  # an open end (inf) is stored as null

@@ -10,17 +10,17 @@ run per setting, and a cooldown from its checkpoint for each shorter budget, 9.4
 budgets 1x, 2x, 4x and 8x each from step 0 with a 20% decay. Comparing intermediate points of runs
 with different schedules misleads (Wen et al. 2025, arXiv 2509.02046); end-of-run losses do not.
 
-A contender is an arm: an optimizer and its preset ("moga (default preset)", "moga (paper preset)", "moga
-(muoneq preset)", "muon (published)"; :func:`moga.sweep.spec.arm_label`). At each budget it is tuned over its lr
-grid and the weight decay axis (lowest seed-mean final training loss), then ``min_seeds`` seeds run at that
-setting. For a subject's budget ``B`` with end-of-run loss ``L``, the rival's end-of-run loss against log tokens,
-interpolated linearly between its budgets, gives the tokens ``T`` at which the rival would end at ``L``: the token ratio is ``B / T`` (below 1:
-the subject needs fewer tokens). The time ratio is the token ratio times the ratio of the two arms' step times,
-timed side by side once the runs are done (:mod:`moga.train.step_cost`: the arms take turns, the median of
-per-round ratios; on one CPU thread, process CPU time), since every budget's steps are the same steps: the cells'
-own run times, made at different times beside different jobs, compare loosely. A loss outside the rival's range
-has no ratio (it is beyond the budgets run), which is said. The 95% intervals resample each arm's seeds at each
-budget, and for time also the timing's rounds.
+A contender is an arm: an optimizer and its preset ("moga (default preset)", "moga (paper preset)", "moga (muoneq
+preset)", "muon (published)"; :func:`moga.sweep.spec.arm_label`). At each budget it is tuned over its lr grid and
+the weight decay axis (lowest seed-mean final training loss), then ``min_seeds`` seeds run at that setting. For a
+subject's budget ``B`` with end-of-run loss ``L``, the rival's end-of-run loss against log tokens, interpolated
+linearly between its budgets, gives the tokens ``T`` at which the rival would end at ``L``: the token ratio is
+``B/T`` (below 1: the subject needs fewer tokens). The time ratio is the token ratio times the ratio of the two
+arms' step times, timed side by side once the runs are done (:mod:`moga.train.step_cost`: the arms take turns, the
+median of per-round ratios; on one CPU thread, process CPU time), since every budget's steps are the same steps: the
+cells' own run times, made at different times beside different jobs, compare loosely. A loss outside the rival's
+range has no ratio (it is beyond the budgets run), which is said. The 95% intervals resample each arm's seeds at
+each budget, and for time also the timing's rounds.
 
 A subject's budget is **held** when both ratios' upper bounds are below 1, **failed** when either lower bound is
 above 1, **inconclusive** otherwise (or out of range), and **undecided** when a best rate lies on its grid's edge."""
@@ -41,7 +41,6 @@ from moga.sweep.report.summary import json_safe
 from moga.sweep.seeds import stored_include
 from moga.sweep.spec import arm_label
 from moga.sweep.store import SweepStore
-from moga.train.step_cost import step_seconds
 from moga.verdicts import FAILED, HELD, INCONCLUSIVE, UNDECIDED, worst_state
 
 RESAMPLES = 1000
@@ -287,6 +286,8 @@ def time_steps(rep, scale: str, sweep, out: Path) -> dict:
     """Every arm's training step timed side by side (:func:`moga.train.step_cost.step_seconds`, the sweep's
     threads per cell, ``timing`` in the YAML), once the runs are done, so nothing else of the race runs beside
     it; kept in ``out``'s :data:`STEP_COST` and read again while its arms and settings are the same."""
+    from moga.train.step_cost import step_seconds  # builds trainers: not for --list, which loads this module
+
     settings = {**rep.raw.get("timing", {}), **rep.scale(scale).get("timing", {})}
     path = Path(out) / STEP_COST
     arms = contender_arms(rep)
