@@ -133,6 +133,11 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
             if r["tokens_ratio"] is not None:  # an open end (inf) is stored as null
                 assert r["time_ratio"] == pytest.approx(r["tokens_ratio"] * step)
     assert any(line.startswith("step times, side by side (3 rounds of 2 steps") for line in result["details"])
+    # kept, and read again (not timed again) while the arms and the timing settings are the same
+    from moga.experiments.reproduce.race import STEP_COST, time_steps
+
+    kept = json.loads((runs / "quick" / "race" / STEP_COST).read_text())
+    assert time_steps(race, "quick", race.sweep("quick", str(shakespeare)), runs / "quick" / "race") == kept
     # each 10-step budget is a cooldown branched from its 20-step run at step 8, its own decay start
     cells = SweepStore(runs / "quick" / "race").cells()
     short = [c for c in cells if c["params"]["train.steps"] == 10]
