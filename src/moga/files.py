@@ -78,6 +78,17 @@ def write_json(path: str | Path, data, *, indent: int | None = 1, **dumps) -> Pa
     return write_text(path, json.dumps(data, indent=indent, **dumps) + "\n")
 
 
+def shown_path(path: str | Path, base: str | Path) -> str:
+    """``path`` as a stored summary names it: relative to the working directory where it lies under it, else
+    to ``base`` (a run's directory), so that a summary kept in a repository names no directory of the machine
+    that made it; as given where it lies under neither."""
+    resolved = Path(path).resolve()
+    for root in (Path.cwd().resolve(), Path(base).resolve()):
+        if resolved.is_relative_to(root):
+            return str(resolved.relative_to(root))
+    return str(path)
+
+
 def copy_file(source: str | Path, target: str | Path) -> Path:
     """``source``'s bytes at ``target`` (replacing it; a symlink at ``target`` is replaced, not followed)."""
     with open(source, "rb") as src, replacing(target, "wb") as out:

@@ -89,6 +89,9 @@ class TorchMuonFloat32(torch.optim.Muon):
 OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "torch-adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
     "torch-adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+    # the same memory streams as the row and sign steps (g read; momentum and W read and written) in torch's
+    # fused loop: what those streams cost on this CPU, the floor a one-pass kernel could reach
+    "torch-sgd-fused": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, nesterov=True, fused=True),
     "torch-muon": lambda ps: torch.optim.Muon(ps, lr=1e-3, weight_decay=0.0),
     "torch-muon-float32": lambda ps: TorchMuonFloat32(ps, lr=1e-3, weight_decay=0.0),
     "moga-row-p2": lambda ps: MOGA(ps, lr=1e-3, geometry="row(p=2)", nesterov=False),

@@ -69,6 +69,7 @@ def test_a_transfer_reproduction_adds_seeds_where_it_decides_and_its_outcome_rec
         assert len(cells) > len(grid)
     # the stored file alone gives the same verdicts, and a second run trains nothing new
     stored = json.loads((tmp_path / "mlp" / "outcome.json").read_text())
+    assert stored["report"] == "report/report.md"  # the run's own path: no directory of this machine
     assert [(v["panel"], v["verdict"], v["line"]) for v in recheck(stored)] == \
         [(p["panel"], p["verdict"], p["line"]) for p in stored["panels"]]
     again = reproduce(rep, tmp_path / "mlp", "quick", workers=1, progress=False, min_seeds=3, max_seeds=3)
@@ -216,6 +217,7 @@ def test_the_stored_cpu_outcomes_recheck_from_their_own_cells():
     checked = 0
     for path in sorted(STORED.glob("*.json")):
         outcome = json.loads(path.read_text())
+        assert not Path(outcome.get("report", "")).is_absolute(), path.name  # a stored file names no machine's path
         kind = get(outcome["name"]).kind
         if kind == "convergence":
             if "seed_numbers" not in outcome:

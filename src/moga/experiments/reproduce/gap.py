@@ -36,7 +36,7 @@ from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
 from moga.experiments.reproduce.reproduction import CONFIGS, ReproduceError, read_reproduction
 from moga.experiments.reproduce.quality import (LEVEL, RESAMPLES, _finite, _mean, _pct, _same, best_lr,
                                                 relative_interval, seed_losses)
-from moga.files import write_text
+from moga.files import shown_path, write_text
 from moga.sweep.results import format_lr, records
 from moga.sweep.seeds import stored_include
 from moga.sweep.spec import Sweep, cell_id
@@ -437,6 +437,7 @@ def store_outcome(out: Path, scale: str = "cpu", name: str = "gap-width") -> dic
     running = sorted({c["params"][sweep.spec.scale_key] for c in store.cells()  # a stage not yet through
                       if c["status"] in (Status.PENDING, Status.RUNNING)})
     outcome = judge_gap(rep, sweep, Path(out), skip=running)
+    outcome["report"] = shown_path(outcome["report"], out)
     outcome["running"] = running  # beside the verdict fields, which a recheck recomputes from the cells
     counts = store.counts()
     outcome.update(runs={str(k): v for k, v in counts.items() if v}, data=rep.sweep(scale).base["data"].get("name"),

@@ -21,7 +21,7 @@ from moga.experiments.reproduce.clock import ClaimClock
 from moga.experiments.reproduce.convergence_claim import combined_outcome
 from moga.experiments.reproduce.kinds import RunArgs
 from moga.experiments.reproduce.transfer import judge_panels
-from moga.files import refuse_symlinks, write_json
+from moga.files import refuse_symlinks, shown_path, write_json
 from moga.sweep.report.summary import json_safe
 from moga.sweep.report.verdict import MAX_REGRET
 
@@ -41,6 +41,8 @@ def reproduce(rep: Reproduction, out: Path, scale: str = "cpu", *, workers: int 
                        command=command or f"moga reproduce {rep.name}" + (" --quick" if scale == "quick" else
                                                                           " --scale paper" if scale == "paper" else ""),
                        seconds=clock.elapsed(), max_regret=max_regret)
+        if "report" in outcome:
+            outcome["report"] = shown_path(outcome["report"], out)
         write_json(out / "outcome.json", json_safe(outcome))  # a kill mid-write keeps the last outcome
     return outcome
 
