@@ -10,6 +10,7 @@ import pytest
 
 from moga.experiments.reproduce import gap
 from moga.experiments.reproduce.catalog import Reproduction, get
+from moga.experiments.reproduce.reproduction import ReproduceError
 from moga.experiments.reproduce.run import rejudge
 from moga.status import Status
 from moga.sweep.store import SweepStore
@@ -150,6 +151,42 @@ def test_a_store_missing_widths_is_partial_and_never_decides_the_claim(tmp_path)
     assert result["outcome"] == "inconclusive" and result["partial"]["missing"] == {"gpt": [128]}
     assert result["key"].startswith("partial")
     assert rejudge(json.loads(json.dumps(result)), [])["outcome"] == "inconclusive"
+
+
+def test_a_store_seeded_with_a_stored_outcome_runs_only_the_rest_and_judges_as_the_whole(tmp_path):
+    """The narrower widths' cells from a stored outcome (prior.json): only width 128 runs, at the rates and seeds
+    the whole run chose there from width 64's best, and the judge gives the whole run's verdict and numbers."""
+    optima = {**{(ROW, w): -3 for w in WIDTHS}, **{(ORTH, w): -6 for w in WIDTHS}}
+    optima[(ROW, 64)] = optima[(ROW, 128)] = -4  # width 128's narrow rates follow width 64's best
+    floors = floors_with_gaps({16: 0.12, 32: 0.09, 64: 0.06, 128: 0.03})
+    rep, sweep, ran = staged(tmp_path / "whole", optima, floors)
+    whole = {**gap.judge_gap(rep, sweep, tmp_path / "whole"), "name": rep.name, "scale": "cpu"}
+    stored = tmp_path / "outcome.json"
+    stored.write_text(json.dumps(whole))
+    gap.seed_store(tmp_path / "rest", stored, 128)
+    run, rest = fake_run(tmp_path / "rest", parabola(optima, floors))
+    seeded_sweep, _ = gap.run_staged(rep, "cpu", None, tmp_path / "rest", run, min_seeds=3)
+
+    def cells(params):
+        return sorted((p["model.n_embd"], p["optim.geometries.hidden"], p["optim.lr"], p.get("seed", 0)) for p in params)
+    assert cells(rest) == cells(p for p in ran if p["model.n_embd"] == 128)
+    assert {lr for (_, g, lr, _) in cells(rest) if g == ROW} == {2.0 ** -5, 2.0 ** -4, 2.0 ** -3}
+    seeded = gap.judge_gap(rep, seeded_sweep, tmp_path / "rest")
+    for field in ("outcome", "key", "details", "panels", "widths"):
+        assert seeded[field] == whole[field], field
+    assert seeded["prior"]["widths"] == [16, 32, 64] and seeded["prior"]["source"] == str(stored)
+    assert "cells of a stored outcome" in (tmp_path / "rest" / "report" / "gap.md").read_text()
+    assert rejudge(json.loads(json.dumps(seeded)), [])["panels"] == whole["panels"]  # its stored cells recheck
+
+    other = tmp_path / "other.json"  # another claim's outcome is refused where it would run or judge
+    other.write_text(json.dumps({**whole, "name": "another"}))
+    gap.seed_store(tmp_path / "wrong", other, 128)
+    with pytest.raises(ReproduceError, match="holds another at scale cpu, not gap-test"):
+        gap.run_staged(rep, "cpu", None, tmp_path / "wrong", fake_run(tmp_path / "wrong", lambda p: 1.0)[0], 3)
+    with pytest.raises(ReproduceError, match="no cell below width 16"):
+        gap.seed_store(tmp_path / "none", stored, 16)
+    with pytest.raises(ReproduceError, match="not a stored gap outcome"):
+        gap.seed_store(tmp_path / "none", tmp_path / "rest" / "prior.json", 128)
 
 
 def test_its_report_replaces_a_symlink_planted_at_gap_md(tmp_path):

@@ -20,6 +20,11 @@ model closes, failed when one does not close, undecided when one has no verdict,
 
 ``python -m moga.experiments.reproduce.gap judge OUT [--partial]`` judges a store that is still running (read
 only) and prints the outcome's json: what finished, marked partial with what is missing.
+
+A store may start from a stored outcome (``python -m moga.experiments.reproduce.gap seed OUT OUTCOME WIDTH``):
+its cells of widths below WIDTH go to ``OUT/prior.json``; those widths are not run again, the first narrow
+width takes its rates from them, and the judge reads them beside the store's own cells. So a machine that keeps
+no store between sessions runs the widest width alone, on the narrower widths' stored cells.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ MARGIN = 0.005  # per doubling: a gap that shrinks more slowly than half a point
 MIN_WIDTHS = 3
 VERDICTS = {CLOSES: HELD, DOES_NOT_CLOSE: FAILED, INCONCLUSIVE: INCONCLUSIVE, NO_VERDICT: UNDECIDED}
 ALIGNMENT_KEYS = ("gram_dominance", "gram_coherence", "cosine")
+PRIOR = "prior.json"  # a stored outcome's cells of the widths this store does not run (seed_store)
 
 
 def settings(rep, scale: str) -> dict:
@@ -66,28 +72,32 @@ def run_staged(rep, scale: str, data, out: Path, run, min_seeds: int):
     full = Sweep.from_dict(spec)  # every width, every rate: what a narrow grid may widen into
     widths = sorted(full.spec.axes[full.spec.scale_key])
     include = stored_include(out, lambda _: full)  # recorded seeds must be cells of the full grid, or their seeds
+    prior = prior_cells(out, rep.name, scale)
+    done = {c["scale"] for c in prior}  # widths the prior holds: not run here
     narrow: dict[tuple, list[float]] = {}  # (panel, contender, width) -> the rates run there
     sweep = counts = None
-    for width in widths:
+    for width in (w for w in widths if w not in done):
         if width >= g.get("narrow_from", math.inf):
-            narrow.update(_narrow_rates(out, full, width, widths, g))
+            narrow.update(_narrow_rates(out, full, width, widths, g, prior))
         while True:
-            sweep = _stage(spec, full, width, widths, narrow, include, g)
+            sweep = _stage(spec, full, width, widths, narrow, include, g, done)
             counts = run(sweep)
             if width not in {k[2] for k in narrow} or not _widen(out, full, width, narrow, g):
                 break
         extra = _seeds(out, full, width, g, min_seeds)
         if extra:
             include = include + extra
-            sweep = _stage(spec, full, width, widths, narrow, include, g)
+            sweep = _stage(spec, full, width, widths, narrow, include, g, done)
             counts = run(sweep)
     return sweep, counts
 
 
-def _stage(spec: dict, full: Sweep, width, widths: list, narrow: dict, include: list[dict], g: dict) -> Sweep:
-    """The sweep of the widths up to ``width``, narrow widths at their chosen rates, with the seeds added there."""
+def _stage(spec: dict, full: Sweep, width, widths: list, narrow: dict, include: list[dict], g: dict,
+           done=()) -> Sweep:
+    """The sweep of the widths up to ``width`` (less ``done``, the prior's), narrow widths at their chosen
+    rates, with the seeds added there."""
     scale_key, lr_key = full.spec.scale_key, full.spec.lr_key
-    exclude = list(spec.get("exclude", [])) + [{scale_key: w} for w in widths if w > width]
+    exclude = list(spec.get("exclude", [])) + [{scale_key: w} for w in widths if w > width or w in done]
     for (panel, contender, w), lrs in narrow.items():
         for lr in _rates(full, panel, contender, w, g):
             if lr not in lrs:
@@ -116,11 +126,13 @@ def _rows(out: Path) -> list[dict]:
     return records(store) if store.exists() else []
 
 
-def _narrow_rates(out: Path, full: Sweep, width, widths: list, g: dict) -> dict:
+def _narrow_rates(out: Path, full: Sweep, width, widths: list, g: dict, prior=()) -> dict:
     """Each contender's rates at ``width``: the grid's rates within a step of its best at the next smaller
-    width (all of them when that width has no finite best)."""
-    rows = _rows(out)
+    width, in the store or the prior's cells (all of them when that width has no finite best)."""
     scale_key, lr_key = full.spec.scale_key, full.spec.lr_key
+    rows = _rows(out) + [{**{k: c.get(k) for k in g["panel_keys"]}, g["contender_key"]: c["contender"],
+                          scale_key: c["scale"], lr_key: c["lr"], "seed": c["seed"], "train_loss": c["train_loss"]}
+                         for c in prior]
     smaller = max((w for w in widths if w < width), default=None)
     chosen = {}
     for panel, contender in _pairs(full, g):
@@ -171,6 +183,42 @@ def _seeds(out: Path, full: Sweep, width, g: dict, min_seeds: int) -> list[dict]
     return extra
 
 
+# --- a store seeded from a stored outcome -------------------------------------------------------------------
+
+def seed_store(out: Path, outcome: Path, below) -> Path:
+    """Write the stored ``outcome``'s cells (and alignment records) of widths below ``below`` to
+    ``out/prior.json``, refusing an outcome of another claim or one without those cells."""
+    raw = json.loads(Path(outcome).read_text())
+    if raw.get("analysis", {}).get("gap") is not True or "cells" not in raw:
+        raise ReproduceError(f"{outcome}: not a stored gap outcome with its cells")
+    cells = [c for c in raw["cells"] if c["scale"] < below]
+    if not cells:
+        raise ReproduceError(f"{outcome}: no cell below width {below}")
+    prior = {"name": raw["name"], "scale": raw["scale"], "source": shown_path(outcome, out), "cells": cells,
+             "alignment": [a for a in raw.get("alignment", []) if a["scale"] < below]}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    write_text(Path(out) / PRIOR, json.dumps(_finite(prior), indent=1) + "\n")
+    return Path(out) / PRIOR
+
+
+def _prior(out: Path) -> dict:
+    path = Path(out) / PRIOR
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def prior_cells(out: Path, name: str, scale: str) -> list[dict]:
+    """The cells ``out/prior.json`` holds (none without one); a prior of another claim or scale is refused."""
+    prior = _prior(out)
+    if prior and (prior["name"], prior["scale"]) != (name, scale):
+        raise ReproduceError(f"{Path(out) / PRIOR} holds {prior['name']} at scale {prior['scale']}, "
+                             f"not {name} at {scale}")
+    return prior.get("cells", [])
+
+
+def prior_alignment(out: Path) -> list[dict]:
+    return _prior(out).get("alignment", [])
+
+
 # --- judging ----------------------------------------------------------------------------------------------
 
 def judge_gap(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
@@ -183,6 +231,9 @@ def judge_gap(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
     cells = [{**{k: r.get(k) for k in g["panel_keys"]}, "contender": r[g["contender_key"]], "scale": r[scale_key],
               "lr": float(r[sweep.spec.lr_key]), "seed": r.get("seed", 0), "status": r["status"],
               "train_loss": r["train_loss"], "cell": r["cell"]} for r in rows]
+    own = {c["scale"] for c in cells}
+    prior = [c for c in prior_cells(out, rep.name, _scale_of(sweep)) if c["scale"] not in own | set(skip)]
+    cells = prior + cells
     keys = list(g["panel_keys"])
     expected = sorted({json.dumps({k: c.get(k) for k in keys}) for c in sweep.cells})
     analysis = {"gap": True, "subject": g["subject"], "baseline": g["baseline"], "panel_keys": keys,
@@ -192,10 +243,17 @@ def judge_gap(rep, sweep, out: Path, max_regret: float = 0.0, skip=()) -> dict:
                 "expected": {"panels": [json.loads(e) for e in expected],
                              "widths": sorted(sweep.spec.axes[scale_key])}}
     fields = gap_verdict_fields(cells, analysis)
-    fields["alignment"] = alignment(store, fields["widths"], cells, analysis)
+    before = {c["scale"] for c in prior}
+    fields["alignment"] = [a for a in prior_alignment(out) if a["scale"] in before] + alignment(
+        store, [w for w in fields["widths"] if w["scale"] not in before], cells, analysis)
+    source = ""
+    if before:  # kept beside the verdict fields, which a recheck recomputes from the cells
+        fields["prior"] = {"file": PRIOR, "source": _prior(out).get("source"), "widths": sorted(before)}
+        source = (f"Widths {', '.join(map(str, sorted(before)))}: cells of a stored outcome "
+                  f"({fields['prior']['source']}, copied to {PRIOR}), not run in this store.\n\n")
     report = Path(out) / "report"
     report.mkdir(parents=True, exist_ok=True)
-    write_text(report / "gap.md", f"# {rep.name}: {rep.claim}\n\n" + gap_table(fields) + "\n")  # never through a link
+    write_text(report / "gap.md", f"# {rep.name}: {rep.claim}\n\n" + source + gap_table(fields) + "\n")  # never through a link
     return {**fields, "analysis": analysis, "cells": cells, "report": str(report / "gap.md")}
 
 
@@ -466,13 +524,17 @@ def cells_outcome(path: Path) -> dict:
 
 
 USAGE = ("usage: python -m moga.experiments.reproduce.gap judge OUT [quick|cpu|paper] [--write FILE]\n"
-         "       python -m moga.experiments.reproduce.gap cells CELLS_JSON [--write FILE]")
+         "       python -m moga.experiments.reproduce.gap cells CELLS_JSON [--write FILE]\n"
+         "       python -m moga.experiments.reproduce.gap seed OUT OUTCOME_JSON WIDTH")
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     target = None
     if len(args) >= 2 and args[-2] == "--write":
         args, target = args[:-2], Path(args[-1])
+    if args[:1] == ["seed"] and len(args) == 4 and target is None:
+        print(f"{seed_store(Path(args[1]), Path(args[2]), int(args[3]))}: widths below {args[3]} will not run")
+        raise SystemExit(0)
     if args[:1] == ["judge"] and len(args) in (2, 3):
         result = store_outcome(Path(args[1]), *args[2:])
     elif args[:1] == ["cells"] and len(args) == 2:
