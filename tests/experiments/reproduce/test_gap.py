@@ -183,6 +183,9 @@ def test_a_store_seeded_with_a_stored_outcome_runs_only_the_rest_and_judges_as_t
     gap.seed_store(tmp_path / "wrong", other, 128)
     with pytest.raises(ReproduceError, match="holds another at scale cpu, not gap-test"):
         gap.run_staged(rep, "cpu", None, tmp_path / "wrong", fake_run(tmp_path / "wrong", lambda p: 1.0)[0], 3)
+    gap.seed_store(tmp_path / "rest", stored, 128)  # the same prior again: nothing changes
+    with pytest.raises(ReproduceError, match="holds other cells"):
+        gap.seed_store(tmp_path / "rest", stored, 64)
     with pytest.raises(ReproduceError, match="no cell below width 16"):
         gap.seed_store(tmp_path / "none", stored, 16)
     with pytest.raises(ReproduceError, match="not a stored gap outcome"):

@@ -196,9 +196,12 @@ def seed_store(out: Path, outcome: Path, below) -> Path:
         raise ReproduceError(f"{outcome}: no cell below width {below}")
     prior = {"name": raw["name"], "scale": raw["scale"], "source": shown_path(outcome, out), "cells": cells,
              "alignment": [a for a in raw.get("alignment", []) if a["scale"] < below]}
+    text, path = json.dumps(_finite(prior), indent=1) + "\n", Path(out) / PRIOR
+    if path.is_file() and path.read_text() != text:  # the store's cells were chosen from that prior
+        raise ReproduceError(f"{path} exists and holds other cells: a seeded store keeps its prior")
     Path(out).mkdir(parents=True, exist_ok=True)
-    write_text(Path(out) / PRIOR, json.dumps(_finite(prior), indent=1) + "\n")
-    return Path(out) / PRIOR
+    write_text(path, text)
+    return path
 
 
 def _prior(out: Path) -> dict:
