@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from moga.experiments.reproduce import gap
+from moga.experiments.reproduce import gap, gap_stages
 from moga.experiments.reproduce.catalog import Reproduction, get
 from moga.experiments.reproduce.reproduction import ReproduceError
 from moga.experiments.reproduce.run import rejudge
@@ -38,7 +38,7 @@ def reproduction(widths=WIDTHS, narrow_from=64, row=(-6, -1), orth=(-9, -3), ste
 
 
 def fake_run(out, loss):
-    """``run(sweep)`` for :func:`gap.run_staged`: every unsettled cell of the grid finishes with ``loss(params)``."""
+    """``run(sweep)`` for :func:`gap_stages.run_staged`: every unsettled cell of the grid finishes with ``loss(params)``."""
     ran = []
 
     def run(sweep):
@@ -71,7 +71,7 @@ def floors_with_gaps(gaps: dict) -> dict:
 def staged(tmp_path, optima, floors, **kw):
     rep = reproduction(**kw)
     run, ran = fake_run(tmp_path, parabola(optima, floors))
-    sweep, _ = gap.run_staged(rep, "cpu", None, tmp_path, run, min_seeds=3)
+    sweep, _ = gap_stages.run_staged(rep, "cpu", None, tmp_path, run, min_seeds=3)
     return rep, sweep, ran
 
 
@@ -94,7 +94,7 @@ def test_narrow_widths_run_three_rates_around_the_transferred_optimum_and_seeds_
     assert order == sorted(order)
     # resuming runs nothing more
     run, again = fake_run(tmp_path, lambda p: 1.0)
-    gap.run_staged(rep, "cpu", None, tmp_path, run, min_seeds=3)
+    gap_stages.run_staged(rep, "cpu", None, tmp_path, run, min_seeds=3)
     assert again == []
 
 
@@ -132,7 +132,7 @@ def test_noise_larger_than_the_trend_is_inconclusive_and_a_grid_edge_decides_not
     rep = reproduction()
     noisy = parabola(optima, floors_with_gaps(gaps), noise=(0.0, 0.06, -0.06))
     run, _ = fake_run(tmp_path / "noisy", noisy)
-    sweep, _ = gap.run_staged(rep, "cpu", None, tmp_path / "noisy", run, min_seeds=3)
+    sweep, _ = gap_stages.run_staged(rep, "cpu", None, tmp_path / "noisy", run, min_seeds=3)
     assert gap.judge_gap(rep, sweep, tmp_path / "noisy")["panels"][0]["verdict"] == "inconclusive"
 
     optima[(ORTH, 16)] = -9  # the grid's lowest rate: an optimum that may lie below it
@@ -162,10 +162,12 @@ def test_a_store_seeded_with_a_stored_outcome_runs_only_the_rest_and_judges_as_t
     rep, sweep, ran = staged(tmp_path / "whole", optima, floors)
     whole = {**gap.judge_gap(rep, sweep, tmp_path / "whole"), "name": rep.name, "scale": "cpu"}
     stored = tmp_path / "outcome.json"
-    stored.write_text(json.dumps(whole))
-    gap.seed_store(tmp_path / "rest", stored, 128)
+    stored.write_text(json.dumps({**whole, "seconds": 100.0}))
+    gap_stages.seed_store(tmp_path / "rest", stored, 128)
+    clock = tmp_path / "rest" / "seconds.json"
+    assert json.loads(clock.read_text()) == {"seconds": 100.0}  # the claim's time includes its cells' time
     run, rest = fake_run(tmp_path / "rest", parabola(optima, floors))
-    seeded_sweep, _ = gap.run_staged(rep, "cpu", None, tmp_path / "rest", run, min_seeds=3)
+    seeded_sweep, _ = gap_stages.run_staged(rep, "cpu", None, tmp_path / "rest", run, min_seeds=3)
 
     def cells(params):
         return sorted((p["model.n_embd"], p["optim.geometries.hidden"], p["optim.lr"], p.get("seed", 0)) for p in params)
@@ -180,16 +182,17 @@ def test_a_store_seeded_with_a_stored_outcome_runs_only_the_rest_and_judges_as_t
 
     other = tmp_path / "other.json"  # another claim's outcome is refused where it would run or judge
     other.write_text(json.dumps({**whole, "name": "another"}))
-    gap.seed_store(tmp_path / "wrong", other, 128)
+    gap_stages.seed_store(tmp_path / "wrong", other, 128)
     with pytest.raises(ReproduceError, match="holds another at scale cpu, not gap-test"):
-        gap.run_staged(rep, "cpu", None, tmp_path / "wrong", fake_run(tmp_path / "wrong", lambda p: 1.0)[0], 3)
-    gap.seed_store(tmp_path / "rest", stored, 128)  # the same prior again: nothing changes
+        gap_stages.run_staged(rep, "cpu", None, tmp_path / "wrong", fake_run(tmp_path / "wrong", lambda p: 1.0)[0], 3)
+    gap_stages.seed_store(tmp_path / "rest", stored, 128)  # the same prior again: nothing changes
+    assert json.loads(clock.read_text()) == {"seconds": 100.0}
     with pytest.raises(ReproduceError, match="holds other cells"):
-        gap.seed_store(tmp_path / "rest", stored, 64)
+        gap_stages.seed_store(tmp_path / "rest", stored, 64)
     with pytest.raises(ReproduceError, match="no cell below width 16"):
-        gap.seed_store(tmp_path / "none", stored, 16)
+        gap_stages.seed_store(tmp_path / "none", stored, 16)
     with pytest.raises(ReproduceError, match="not a stored gap outcome"):
-        gap.seed_store(tmp_path / "none", tmp_path / "rest" / "prior.json", 128)
+        gap_stages.seed_store(tmp_path / "none", tmp_path / "rest" / "prior.json", 128)
 
 
 def test_its_report_replaces_a_symlink_planted_at_gap_md(tmp_path):
