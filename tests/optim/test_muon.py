@@ -2,6 +2,7 @@
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -86,6 +87,21 @@ def gpt_loss(model, seed):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 40, (4, 8), generator=gen)
     return model(x, torch.randint(0, 40, (4, 8), generator=gen))[1]
+
+
+def test_a_plain_spectral_override_warns_what_it_drops():
+    """geometries={"hidden": "spectral"} takes the geometry's sqrt(m/n), not the published 0.2 sqrt(max(m, n)):
+    the warning names the dropped setting; a spec that names it, or a preset whose scale it equals, is quiet."""
+    with pytest.warns(UserWarning, match=r"not this Muon's scale=match_rms_adamw.*'spectral\(scale=match_rms_adamw\)'"):
+        opt = Muon(tiny_gpt(), geometries={"hidden": "spectral"})
+    assert {e.geometry for e in opt.plan if e.role == "hidden"} == {"spectral"}  # the override still applies
+    with pytest.warns(UserWarning, match=r"not this Muon's dtype=bfloat16"):
+        Muon(tiny_gpt(), scale="torch", geometries={"hidden": "spectral(scale=torch)"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Muon(tiny_gpt(), geometries={"hidden": "spectral(scale=match_rms_adamw)", "readout": "row(p=2)"})
+        Muon(tiny_gpt(), preset="moga", geometries={"hidden": "spectral"})
+        Muon(tiny_gpt(), geometries={"hidden": "spectral(scale=mean)"})  # asked for by name
 
 
 def test_published_recipe_plan_and_defaults():
