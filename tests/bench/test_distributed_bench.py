@@ -3,6 +3,7 @@
 Two blocks: each `fully_shard` call builds its own (equal) mesh, and the collectives must not multiply."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,21 @@ def test_unknown_name_is_an_error():
     result = CliRunner().invoke(app, ["bench", "distributed", "--only", "adam"])
     assert result.exit_code != 0 and "unknown optimizer" in result.output and "moga-muon" in result.output
     assert "torch-adamw" in OPTIMIZERS
+
+
+def test_only_a_signal_after_every_ranks_last_barrier_counts_as_teardown(tmp_path):
+    """gloo can abort a rank while it tears down (rarely, on a loaded CPU): the bench keeps its records then, and
+    only then; an exit code, or a rank that never passed the last barrier, stays a failure."""
+    import torch.multiprocessing as mp
+
+    from moga.bench.distributed import died_in_teardown
+    out = str(tmp_path / "records.json")
+    aborted = mp.ProcessExitedException("process 1 terminated with signal SIGABRT", error_index=1, error_pid=1,
+                                        exit_code=-6, signal_name="SIGABRT")
+    exited = mp.ProcessExitedException("process 1 terminated with exit code 1", error_index=1, error_pid=1,
+                                       exit_code=1)
+    Path(f"{out}.done0").touch()
+    assert not died_in_teardown(aborted, out, 2)  # rank 1 had not passed the last barrier
+    Path(f"{out}.done1").touch()
+    assert died_in_teardown(aborted, out, 2)
+    assert not died_in_teardown(exited, out, 2)

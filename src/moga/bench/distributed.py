@@ -14,6 +14,7 @@ import json
 import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -115,7 +116,15 @@ def _worker(rank: int, world: int, init_file: str, out: str, blocks: int, vocab:
     if rank == 0:
         Path(out).write_text(json.dumps(add_ratios(records)))
     dist.barrier()  # no rank closes its connections while another still uses them (gloo aborts on that)
+    Path(f"{out}.done{rank}").touch()  # past the last collective: what fails after this is teardown
     dist.destroy_process_group()
+
+
+def died_in_teardown(error: mp.ProcessExitedException, out: str, world: int) -> bool:
+    """A rank killed by a signal after every rank passed the last barrier died tearing gloo down; the records are
+    whole. (A rank aborted, "terminate called without an active exception", in 2 of about 130 runs of the
+    suite's bench on a loaded 2-core CPU.) An exit code, or a rank that had not passed it, is a bench failure."""
+    return error.signal_name is not None and all(Path(f"{out}.done{r}").exists() for r in range(world))
 
 
 def bench_distributed(world: int = 2, blocks: int = 1, vocab: int = 50257, width: int = GPT2_SMALL_WIDTH,
@@ -126,6 +135,12 @@ def bench_distributed(world: int = 2, blocks: int = 1, vocab: int = 50257, width
         raise ValueError(f"unknown optimizer(s) {sorted(unknown)}; known: {', '.join(OPTIMIZERS)}")
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/records.json"
-        mp.start_processes(_worker, args=(world, f"{tmp}/init", out, blocks, vocab, width, repeats, names),
-                           nprocs=world, start_method="spawn")
+        try:
+            mp.start_processes(_worker, args=(world, f"{tmp}/init", out, blocks, vocab, width, repeats, names),
+                               nprocs=world, start_method="spawn")
+        except mp.ProcessExitedException as e:
+            if not died_in_teardown(e, out, world):
+                raise
+            warnings.warn(f"moga bench distributed: {e} in teardown, after every rank's last collective; the "
+                          "records are complete", RuntimeWarning, stacklevel=2)
         return json.loads(Path(out).read_text())
