@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from moga.geometry import (
-    INF, Col, Embedding, Row, RowSpectral, Sign, Spectral, SpectralRow, Vector, dual_exponent, parse_geometry
+    INF, Col, Embedding, Row, RowSpectral, Sign, Spectral, SpectralRow, Vector, dual_exponent, parse_geometry,
+    spec_fields,
 )
 from moga.layout import Layout
 
@@ -249,6 +250,13 @@ def test_spec_round_trip(geom):
 def test_bad_specs_are_clear_errors(spec, match):
     with pytest.raises(ValueError, match=match):
         parse_geometry(spec)
+
+
+@pytest.mark.parametrize("spec,named", [("spectral", set()), ("spectral(scale=torch)", {"scale"}),
+                                        ("spectral( scale = torch , dtype=float32)", {"scale", "dtype"}),
+                                        ("spectral(svd, 7)", {"method", "steps"}), ("row(1.5)", {"p"})])
+def test_spec_fields_are_the_ones_a_spec_sets(spec, named):
+    assert spec_fields(spec) == named
 
 
 def test_newton_schulz_handles_tiny_and_huge_gradients():

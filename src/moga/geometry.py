@@ -390,6 +390,14 @@ def parse_geometry(spec: str | Geometry) -> Geometry:
         raise ValueError(f"bad arguments in geometry spec {spec!r} ({e}); {name} takes: {valid}") from None
 
 
+def spec_fields(spec: str) -> set[str]:
+    """The fields a geometry spec string sets itself, by position or by name; the others take the class's
+    defaults. The spec must parse (:func:`parse_geometry`)."""
+    names = [f.name for f in fields(parse_geometry(spec))]  # type: ignore[arg-type]
+    _, args, kwargs = _call_parts(ast.parse(spec.strip(), mode="eval").body, spec)
+    return set(names[:len(args)]) | set(kwargs)
+
+
 def _call_parts(node: ast.AST, spec: str):
     if isinstance(node, ast.Name):
         return node.id, (), {}

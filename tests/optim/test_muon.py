@@ -102,6 +102,7 @@ def test_a_plain_spectral_override_warns_what_it_drops():
         Muon(tiny_gpt(), geometries={"hidden": "spectral(scale=match_rms_adamw)", "readout": "row(p=2)"})
         Muon(tiny_gpt(), preset="moga", geometries={"hidden": "spectral"})
         Muon(tiny_gpt(), geometries={"hidden": "spectral(scale=mean)"})  # asked for by name
+        Muon(tiny_gpt(), geometries={"hidden": "spectral(scale = mean)"})  # spaced: still by name
 
 
 def test_published_recipe_plan_and_defaults():

@@ -6,7 +6,7 @@ import warnings
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from moga.geometry import Embedding, Spectral, Vector, parse_geometry
+from moga.geometry import Embedding, Spectral, Vector, parse_geometry, spec_fields
 from moga.optim.base import GeometryOptimizer
 from moga.optim.options import SharedOptions, shared
 from moga.orthogonalize import DEFAULT_NS_COEFFICIENTS, DEFAULT_NS_STEPS
@@ -138,8 +138,9 @@ def _warn_unset_spectral(spectral: Spectral, geometries) -> None:
         mine = parse_geometry(spec)
         if type(mine) is not Spectral:
             continue
+        named = spec_fields(spec)
         dropped = [f"{f.name}={getattr(spectral, f.name)}" for f in fields(Spectral)
-                   if getattr(mine, f.name) != getattr(spectral, f.name) and f"{f.name}=" not in str(spec)]
+                   if f.name not in named and getattr(mine, f.name) != getattr(spectral, f.name)]
         if dropped:
             warnings.warn(f"Muon: geometries={{{role!r}: {str(spec)!r}}} steps {role} with the spectral geometry's "
                           f"defaults, not this Muon's {', '.join(dropped)}; name them in the spec to keep them "
