@@ -197,38 +197,71 @@ def _live_progress(store: SweepStore) -> dict[str, int]:
     return progress
 
 
-def kill_mid_cell(proc: subprocess.Popen, store: SweepStore, at_step: int, whole_group: bool) -> None:
-    """SIGKILL once a cell is running at ``at_step`` or later: freeze the group, confirm, then kill.
+# A model of the user's (``model.name: held_mlp:HeldMLP``): the depth paper's MLP, which holds a cell's training
+# once its run has taken more steps than the gate file says, until the gate goes. The test then kills a sweep
+# that is certainly mid-cell, wherever the cell's run had got to, instead of racing it to a step.
+HELD_MLP = """
+import os, time
+from pathlib import Path
+from moga.models import ResidualMLP
 
-    SIGSTOP freezes the store too, so a cell seen running after it is certainly interrupted by the kill.
+GATE = Path(__file__).with_name("gate")
+
+
+class HeldMLP(ResidualMLP):
+    steps_taken = 0
+
+    def forward(self, x):
+        if self.training:
+            self.steps_taken += 1
+            if GATE.is_file() and self.steps_taken > int(GATE.read_text()):
+                (GATE.parent / f"held-{os.getpid()}").touch()
+                while GATE.is_file():
+                    time.sleep(0.01)
+        return super().forward(x)
+"""
+
+
+def kill_held_cell(proc: subprocess.Popen, gate: Path, after_steps: int, whole_group: bool) -> None:
+    """SIGKILL the sweep once one of its cells has taken ``after_steps`` steps in this run and holds there.
+
+    A cell not yet started in any round takes more steps than that, so each round lands mid-cell as long as
+    one such cell is left: a round interrupts at most the two cells its workers run and finishes only cells
+    an earlier round interrupted.
     """
-    while True:
-        assert proc.poll() is None, "the sweep ended before a kill could land"
-        if any(step >= at_step for step in _live_progress(store).values()):
-            os.killpg(proc.pid, signal.SIGSTOP)
-            if _live_progress(store):
-                break
-            os.killpg(proc.pid, signal.SIGCONT)  # it finished in between: wait for the next cell
+    for held in gate.parent.glob("held-*"):
+        held.unlink()
+    tmp = gate.with_suffix(".tmp")
+    tmp.write_text(str(after_steps))
+    tmp.replace(gate)  # a reader sees the whole number or no gate
+    while not any(gate.parent.glob("held-*")):
+        assert proc.poll() is None, "the sweep ended before a cell reached the gate"
         time.sleep(0.05)
     if whole_group:
         os.killpg(proc.pid, signal.SIGKILL)
     else:
-        os.kill(proc.pid, signal.SIGKILL)  # only the parent: its workers must notice and stop
-        os.killpg(proc.pid, signal.SIGCONT)
+        os.kill(proc.pid, signal.SIGKILL)  # only the parent: its workers, held or not, must notice and stop
     proc.wait()
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # a safety net only: under load this waits for cells to reach their kill points
-def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp_path):
+@pytest.mark.timeout(900)  # a safety net only: under load this waits for cells to reach their gates
+def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp_path, monkeypatch):
     # Cells long enough to be killed mid-run (40 steps, checkpoints every 3, a metrics record every step).
-    slow = {**BASE, "train": {"steps": 40, "batch_size": 32}, "logging": {"progress": False, "log_every": 1}}
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "held_mlp.py").write_text(HELD_MLP)
+    monkeypatch.syspath_prepend(str(models))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(models), os.environ.get("PYTHONPATH")])))
+    gate = models / "gate"
+    slow = {**BASE, "model": {**BASE["model"], "name": "held_mlp:HeldMLP"}, "train": {"steps": 40, "batch_size": 32},
+            "logging": {"progress": False, "log_every": 1}}
     axes = {**AXES, "optim.lr": {"by": "optim.name", "values": {"moga": [0.1], "adamw": [0.01]}}}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": slow, "axes": axes, "scale_key": "model.depth"}))
     reference = SweepStore(tmp_path / "reference")
     # As many workers as below: the same threads per worker, so the same floating-point reductions.
-    run_sweep(Sweep.from_file(path), reference.dir, workers=2, progress=False)
+    run_sweep(Sweep.from_file(path), reference.dir, workers=2, progress=False)  # no gate: nothing holds
 
     out = tmp_path / "chaos"
     store = SweepStore(out)
@@ -236,11 +269,12 @@ def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp
     stale = set()  # (cell, owner) of every claim a kill left behind
     for round_ in range(4):
         proc = moga_sweep(path, out, "--workers", "2")
-        kill_mid_cell(proc, store, at_step=rng.randint(0, 30), whole_group=round_ != 3)
+        kill_held_cell(proc, gate, after_steps=rng.randint(0, 30), whole_group=round_ != 3)
         deadline = time.time() + 15
         while _processes_mentioning(str(out)) and time.time() < deadline:
             time.sleep(0.2)
         assert not _processes_mentioning(str(out)), "workers outlived their killed parent"
+        gate.unlink()
         stale |= {(c["id"], c["owner"]) for c in store.cells() if c["status"] == "running"}
     assert stale  # the first kill certainly interrupted a cell (no claim of an earlier round could look live)
 

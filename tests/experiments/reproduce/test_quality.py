@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -318,3 +320,10 @@ def test_a_sweep_of_the_subject_under_another_setting_is_judged_against_the_clai
     store_losses(tmp_path / "other", Sweep.from_dict(spec), lambda p: 1.0)
     with pytest.raises(SystemExit, match="train.steps differ"):
         quality.versus_report(tmp_path / "other", tmp_path / "claim")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_the_usage_instead_of_reading_it_as_a_run_directory(flag, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "moga.experiments.reproduce.quality", "ablation", flag],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("usage:") and not (tmp_path / flag).exists(), done.stderr

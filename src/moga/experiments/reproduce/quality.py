@@ -465,6 +465,9 @@ USAGE = ("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [
 
 if __name__ == "__main__":
     args, baselines, against = sys.argv[1:], [], {}
+    if {"-h", "--help"} & set(args):  # not a run directory
+        print(USAGE)
+        sys.exit(0)
     while len(args) >= 2 and args[-2] in ("--baseline", "--against"):  # each --baseline DIR or --against K=V, from the end
         if args[-2] == "--baseline":
             baselines = [Path(args[-1]), *baselines]
