@@ -52,6 +52,37 @@ def test_status_of_a_directory_without_a_sweep_creates_nothing(tmp_path, make):
     assert not (directory / "sweep.db").exists()
 
 
+def _dry_run(config: dict, tmp_path, store_dir) -> object:
+    import yaml
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return CliRunner().invoke(_app(), ["sweep", str(path), "--out", str(store_dir), "--dry-run"], terminal_width=300)
+
+
+def test_a_dry_run_lists_what_would_run_and_writes_nothing(settled_copy, tmp_path):
+    store = settled_copy
+    before = (store.path.read_bytes(), store.cells(), store.events())
+    # the settled grid extended by one depth and a seed at one cell: 2 new cells, the 4 settled ones stay
+    extended = {**SPEC, "axes": {**SPEC["axes"], "model.depth": [1, 2, 3]},
+                "include": [{"optim.lr": 0.05, "model.depth": 1, "seed": 1}]}
+    out = _dry_run(extended, tmp_path, store.dir)
+    assert out.exit_code == 0, out.output
+    assert "3 of 7 cells would run (3 new, 0 waiting or resumed); 4 settled; nothing was written" in out.output
+    rows = [line for line in out.output.splitlines() if line.startswith("│")]
+    states = [row.rsplit("│", 2)[-2].strip() for row in rows]  # (the header row is drawn with ┃)
+    assert states.count("finished") == 4 and states.count("new") == 3
+    assert (store.path.read_bytes(), store.cells(), store.events()) == before
+    fresh = tmp_path / "fresh"
+    assert _dry_run(SPEC, tmp_path, fresh).exit_code == 0 and not fresh.exists()
+
+
+def test_a_dry_run_into_a_store_of_another_sweep_is_refused_as_a_run_would_be(settled_copy, tmp_path):
+    other = {**SPEC, "base": {**BASE, "train": {**BASE["train"], "steps": 3}}}
+    out = _dry_run(other, tmp_path, settled_copy.dir)
+    assert out.exit_code == 2 and "holds a different sweep" in out.output and "Traceback" not in out.output, out.output
+
+
 def test_a_stale_claim_is_judged_on_the_observers_clock_not_the_owners():
     """A worker whose clock runs a day ahead (or behind) neither keeps its cell for a day nor loses it at once:
     only the observer's own time since the heartbeat last changed counts. Both clocks injected, no sleeps."""

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from moga.status import Status
 from moga.sweep.executor import EXECUTORS, WorkerStopped, interrupt, interrupted_line, run_sweep
-from moga.sweep.results import status_table
+from moga.sweep.results import plan_table, status_table
 from moga.sweep.seeds import run_sweep_until_decided
 from moga.sweep.spec import Sweep, SweepError
 from moga.sweep.store import SweepStore
@@ -40,6 +40,8 @@ def sweep(
     by: list[str] = typer.Option(["optimizer", "scaling"], "--by", help="with --seeds: keys that make a panel "
                                  "(repeat; as in moga report)"),
     max_regret: float = typer.Option(0.02, min=0, help="with --seeds: largest relative regret that still transfers"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the sweep's cells, each with its state "
+                                 "in the sweep directory, and run nothing (the directory is not written)"),
     no_import: bool = typer.Option(False, "--no-import", help="refuse every package.module:factory model (a config is "
                                    "code: see moga train --help); also MOGA_NO_IMPORT=1"),
 ) -> None:
@@ -64,6 +66,9 @@ def sweep(
     except (SweepError, ConfigError) as e:
         _error_exit(console, e)
     out = out or Path("runs") / (spec.spec.name or Path(target).stem)
+    if dry_run:
+        _show_plan(spec, SweepStore(out), console)
+        return
     if rebuild:
         aside = SweepStore(out).set_aside()
         if aside is not None:
@@ -114,6 +119,17 @@ def _show_status(store: SweepStore, metric: str, console: Console) -> None:
     except (SweepError, OSError) as e:  # OSError: a symlink planted at sweep.db (moga.files.UnsafeFile)
         _error_exit(console, e)
     Console(width=max(console.width, 40 + 9 * len(table.columns))).print(table)  # never squash the grid
+
+
+def _show_plan(spec: Sweep, store: SweepStore, console: Console) -> None:
+    """`moga sweep CONFIG --dry-run`: what a run would do, before it does it (a pre-registered count of seeds, an
+    extension's new cells)."""
+    try:
+        table, summary = plan_table(spec, store)
+    except (SweepError, OSError) as e:
+        _error_exit(console, e)
+    Console(width=max(console.width, 20 + 12 * len(table.columns))).print(table)
+    console.print(summary, soft_wrap=True)
 
 
 def _report_counts(counts: dict, out: Path, workers: int, console: Console) -> None:

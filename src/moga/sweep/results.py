@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Hashable
 
 from rich.table import Table
 from rich.text import Text
 
 from moga.status import DONE, Status
+from moga.sweep.compat import incompatible
+from moga.sweep.spec import Sweep, SweepError, cell_id
 from moga.sweep.store import SweepStore
 from moga.train.config import apply_overrides, build_config
 
@@ -76,6 +79,38 @@ def status_table(store: SweepStore, lr_key: str, metric: str = "final_train_loss
     for key, by_lr in rows.items():
         table.add_row(*(Text(str(k)) for k in key), *(_mark(by_lr.get(lr), metric) for lr in lrs))  # never markup
     return table
+
+
+def plan_table(sweep: Sweep, store: SweepStore) -> tuple[Table, str]:
+    """What running ``sweep`` into ``store`` would do, writing nothing: a rich Table of its cells in the config's
+    order, each with its state in the store ("new" where the store lacks it), and a summary line.
+    A store that holds another sweep is refused as a run would refuse it."""
+    have = {}
+    if store.exists():
+        why = incompatible(store.definition(), sweep)
+        if why:
+            raise SweepError(f"{store.dir} holds a different sweep ({why}); a run there would be refused")
+        have = {c["id"]: c for c in store.cells()}
+    ids = [cell_id(c) for c in sweep.cells]
+    table = Table(title=f"{len(ids)} cells -> {store.dir}")
+    table.add_column("#", justify="right")
+    for key in sweep.spec.axes:
+        table.add_column(key.rsplit(".", 1)[-1], no_wrap=True)
+    extra = sorted({k for c in sweep.cells for k in c if k not in sweep.spec.axes})  # include's keys (seed)
+    for key in extra:
+        table.add_column(key.rsplit(".", 1)[-1], no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    for i, (cid, cell) in enumerate(zip(ids, sweep.cells)):
+        values = [cell.get(k, "") for k in (*sweep.spec.axes, *extra)]
+        state = have[cid]["status"] if cid in have else "new"
+        table.add_row(str(i), *(Text(v if isinstance(v, str) else json.dumps(v)) for v in values), state)
+    states = Counter(have[cid]["status"] if cid in have else "new" for cid in ids)
+    settled, failed = sum(states[s] for s in DONE), states[Status.FAILED]
+    waiting = len(ids) - settled - failed - states["new"]
+    summary = (f"{len(ids) - settled - failed} of {len(ids)} cells would run ({states['new']} new, {waiting} waiting "
+               f"or resumed); {settled} settled" + (f"; {failed} failed (run again with --retry-failed)" if failed
+                                                     else "") + "; nothing was written")
+    return table, summary
 
 
 def _mark(cell: dict | None, metric: str) -> str:
