@@ -100,11 +100,11 @@ def plan_table(sweep: Sweep, store: SweepStore) -> tuple[Table, str]:
     for key in extra:
         table.add_column(key.rsplit(".", 1)[-1], no_wrap=True)
     table.add_column("state", no_wrap=True)
-    for i, (cid, cell) in enumerate(zip(ids, sweep.cells)):
+    each = [have[cid]["status"] if cid in have else "new" for cid in ids]
+    for i, (cell, state) in enumerate(zip(sweep.cells, each)):
         values = [cell.get(k, "") for k in (*sweep.spec.axes, *extra)]
-        state = have[cid]["status"] if cid in have else "new"
         table.add_row(str(i), *(Text(v if isinstance(v, str) else json.dumps(v)) for v in values), state)
-    states = Counter(have[cid]["status"] if cid in have else "new" for cid in ids)
+    states = Counter(each)
     settled, failed = sum(states[s] for s in DONE), states[Status.FAILED]
     waiting = len(ids) - settled - failed - states["new"]
     summary = (f"{len(ids) - settled - failed} of {len(ids)} cells would run ({states['new']} new, {waiting} waiting "
