@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from moga.sweep.results import records
@@ -53,8 +54,6 @@ def test_status_of_a_directory_without_a_sweep_creates_nothing(tmp_path, make):
 
 
 def _dry_run(config: dict, tmp_path, store_dir) -> object:
-    import yaml
-
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(config))
     return CliRunner().invoke(_app(), ["sweep", str(path), "--out", str(store_dir), "--dry-run"], terminal_width=300)

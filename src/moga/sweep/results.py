@@ -11,8 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moga.status import DONE, Status
-from moga.sweep.compat import incompatible
-from moga.sweep.spec import Sweep, SweepError, cell_id
+from moga.sweep.spec import Sweep, cell_id
 from moga.sweep.store import SweepStore
 from moga.train.config import apply_overrides, build_config
 
@@ -87,10 +86,8 @@ def plan_table(sweep: Sweep, store: SweepStore) -> tuple[Table, str]:
     A store that holds another sweep is refused as a run would refuse it."""
     have = {}
     if store.exists():
-        why = incompatible(store.definition(), sweep)
-        if why:
-            raise SweepError(f"{store.dir} holds a different sweep ({why}); a run there would be refused")
-        have = {c["id"]: c for c in store.cells()}
+        store.refuse_another(store.definition(), sweep)
+        have = {c["id"]: c["status"] for c in store.cells()}
     ids = [cell_id(c) for c in sweep.cells]
     table = Table(title=f"{len(ids)} cells -> {store.dir}")
     table.add_column("#", justify="right")
@@ -100,7 +97,7 @@ def plan_table(sweep: Sweep, store: SweepStore) -> tuple[Table, str]:
     for key in extra:
         table.add_column(key.rsplit(".", 1)[-1], no_wrap=True)
     table.add_column("state", no_wrap=True)
-    each = [have[cid]["status"] if cid in have else "new" for cid in ids]
+    each = [have.get(cid, "new") for cid in ids]
     for i, (cell, state) in enumerate(zip(sweep.cells, each)):
         values = [cell.get(k, "") for k in (*sweep.spec.axes, *extra)]
         table.add_row(str(i), *(Text(v if isinstance(v, str) else json.dumps(v)) for v in values), state)

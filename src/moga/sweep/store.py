@@ -232,12 +232,16 @@ class SweepStore:
                     [(cid, i, json.dumps(c), time.time()) for i, (cid, c) in enumerate(zip(grid, sweep.cells))],
                 )
                 return {"added": len(grid), "dropped": 0}
-            why = incompatible(self._definition(row[0]), sweep)
-            if why:
-                raise SweepError(
-                    f"{self.dir} holds a different sweep ({why}); give a new output directory, or restore the "
-                    "original config to resume it. Only the grid may change: lr values, scales, exclusions")
+            self.refuse_another(self._definition(row[0]), sweep)
             return self._extend(con, sweep, grid, definition)
+
+    def refuse_another(self, stored: dict, sweep: Sweep) -> None:
+        """Refuse ``sweep`` where ``stored``, this store's definition, is another sweep's (not only another grid)."""
+        why = incompatible(stored, sweep)
+        if why:
+            raise SweepError(
+                f"{self.dir} holds a different sweep ({why}); give a new output directory, or restore the "
+                "original config to resume it. Only the grid may change: lr values, scales, exclusions")
 
     def _extend(self, con, sweep: Sweep, grid: list[str], definition: str) -> dict:
         now = time.time()
