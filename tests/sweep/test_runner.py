@@ -286,6 +286,33 @@ def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp
     assert {cell for cell, _ in stale} <= retaken  # every interrupted cell was taken over, and resumed
 
 
+def test_a_running_sweep_extended_by_another_process_runs_the_new_cells(tmp_path, monkeypatch):
+    """`moga sweep` with an extended config beside a sweep still running: the running sweep's workers, which read
+    the config before it grew, train the new cells they claim instead of refusing them as foreign."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "held_mlp.py").write_text(HELD_MLP)
+    monkeypatch.syspath_prepend(str(models))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(models), os.environ.get("PYTHONPATH")])))
+    gate = models / "gate"
+    base = {**BASE, "model": {**BASE["model"], "name": "held_mlp:HeldMLP"}, "train": {"steps": 4, "batch_size": 32}}
+    config = lambda depths: {"base": base, "axes": {"optim.lr": [0.1], "model.depth": depths},  # noqa: E731
+                             "scale_key": "model.depth"}
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(config([1])))
+    out = tmp_path / "out"
+    gate.write_text("0")  # the first cell holds at its first step, with its worker's config read
+    proc = moga_sweep(tmp_path / "a.yaml", out, "--workers", "1")
+    while not any(models.glob("held-*")):
+        assert proc.poll() is None, "the sweep ended before its cell reached the gate"
+        time.sleep(0.05)
+    store = SweepStore(out)
+    assert store.create_or_check(Sweep.from_dict(config([1, 2, 3]))) == {"added": 2, "dropped": 0}  # as its run does
+    gate.unlink()
+    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()
+    assert [c["status"] for c in store.cells()] == ["finished"] * 3, [c.get("error") for c in store.cells()]
+    assert len({c["owner"] for c in store.cells()}) == 1  # all three by the first sweep's one worker
+
+
 def sweep_in_python(config: Path, out: Path, stdout=subprocess.DEVNULL) -> subprocess.Popen:
     """A program of the user's that calls ``run_sweep`` (as ``moga reproduce``, ``moga demo`` and ``moga tune``
     do), with the default SIGTERM handler."""

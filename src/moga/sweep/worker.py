@@ -122,8 +122,7 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
     torch.set_num_threads(sweep.spec.threads)
     owner = owner or new_owner()
     settled = 0
-    allowed = {canonical(c) for c in sweep.cells}  # what the sweep's config makes: nothing else runs
-    branches = Branches(sweep, store.cell_dir)
+    allowed, branches = _made_by(sweep, store)
     with _StopRequest() as stop:
         while True:
             if stop.requested or orphaned(parent_pid):
@@ -137,6 +136,9 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 time.sleep(IDLE_POLL_SECONDS)  # others are running; their cells may still come back
                 continue
             cid, params = claim["id"], claim["params"]
+            if canonical(params) not in allowed:  # another `moga sweep` may have extended the config since
+                sweep = load_sweep(store)
+                allowed, branches = _made_by(sweep, store)
             if canonical(params) not in allowed:  # a row the config does not make (the store is data, not config)
                 refused = store.damaged(f"cell {cid} is not a cell of this sweep's config; it was refused")
                 store.finish(cid, owner, Status.FAILED, error=str(refused))
@@ -172,6 +174,11 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
             finally:
                 beat.done.set()
             settled += 1
+
+
+def _made_by(sweep: Sweep, store: SweepStore) -> tuple[set, Branches]:
+    """The cells ``sweep``'s config makes (nothing else runs), and where they branch from."""
+    return {canonical(c) for c in sweep.cells}, Branches(sweep, store.cell_dir)
 
 
 def cell_result(store: SweepStore, sweep: Sweep, cid: str, params: dict, branches: Branches) -> dict:
