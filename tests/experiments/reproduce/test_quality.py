@@ -250,7 +250,11 @@ def test_the_ablation_against_a_named_variant_of_the_same_sweep():
     assert by[("moga", True)]["relative"] == pytest.approx(1.905 / 1.805 - 1)
     assert by[("muon", False)]["relative"] == 0 and by[("moga", False)]["moves"]
     assert by[("moga", True)]["lr_on_edge"] and by[("moga", True)]["reference"]["lr_on_edge"]  # 0.05, the low edge
-    assert "vs tuned name=muon" in quality.ablation_table(entries)
+    table = quality.ablation_table(entries)
+    assert "vs tuned name=muon" in table
+    # each row names what it runs, the axes that follow optim.name too; none is called the default it is judged
+    # against (that is Muon here)
+    assert "| 64 | name=muon, betas=[0.9, 0.95] |" in table and "(default)" not in table
 
 
 def test_a_dependent_axis_of_several_values_is_a_choice_whose_default_is_its_first_lists_first():

@@ -261,15 +261,17 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
     matches it, tuned at that width. A dependent axis with one value per value of its ``by`` axis follows that
     axis and is no choice of its own."""
     choice_keys = [k for k in axes if k not in (scale_key, lr_key, seed_key) and not _follows(axes[k])]
+    follower_keys = [k for k in axes if _follows(axes[k]) and axes[k]["by"] in choice_keys]  # fixed per variant
     plain = [k for k in choice_keys if _first(axes[k]) is _NO_VALUE]
     if plain:
         raise ValueError(f"ablated axes must be lists (or dependent axes of lists) whose first value is the "
                          f"default: {', '.join(plain)}")
     default = {k: _first(axes[k]) for k in choice_keys}
-    seen = {}  # unique by their JSON text: a mapping value (optim.overrides) is no dict key
+    seen, follows = {}, {}  # unique by their JSON text: a mapping value (optim.overrides) is no dict key
     for r in rows:
         values = tuple(r.get(k) for k in choice_keys)
         seen.setdefault(json.dumps(values, sort_keys=True), values)
+        follows.setdefault(json.dumps(values, sort_keys=True), {k: r.get(k) for k in follower_keys})
     variants = sorted(seen.values(), key=lambda v: (dict(zip(choice_keys, v)) != default, str(v)))  # the default first
     out = []
     for scale in sorted({r[scale_key] for r in rows}):
@@ -288,6 +290,7 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
             grid = seed_losses(rows, {**variant, scale_key: scale}, lr_key, seed_key, metric)
             lr = best_lr(grid)
             entry = {"scale": scale, "variant": variant, "default": variant == default, "lr": lr,
+                     "follows": follows[json.dumps(values, sort_keys=True)],  # what it runs besides: its label
                      "lr_on_edge": lr is not None and lr in (min(grid), max(grid)), "reference": reference}
             if lr is None or ref_lr is None:
                 out.append({**entry, "note": "no finite tuned loss"})
@@ -338,8 +341,9 @@ def ablation_table(entries: list[dict]) -> str:
     for e in entries:
         shown = e["variant"].items() if e["default"] else [(k, v) for k, v in e["variant"].items()
                                                             if k not in default or default[k] != v]
+        shown = [*shown, *((k, v) for k, v in e.get("follows", {}).items() if v is not None)]  # e.g. its preset
         name = (", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in shown)  # optim.p -> p; a variant: what it changes
-                + (" (default)" if e["default"] else ""))
+                + (" (default)" if e["default"] and against == "default" else ""))  # else no more than the first
         if "relative" not in e:
             lines.append(f"| {e['scale']} | {name} | | | | {e.get('note', '')} | |")
             continue
