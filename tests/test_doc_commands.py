@@ -59,6 +59,7 @@ PLACEHOLDERS = {
     "runs/depth",             # docs/sweeps.md: the sweep directory `moga sweep ... --out runs/depth` fills
     "runs/research/hybrid-gap",  # docs/results.md: the store `moga sweep ... --out runs/research/hybrid-gap` fills
     "runs/research/hybrid-gap-baselines",  # docs/results.md: likewise, the sweep just above it fills it
+    "runs/research/hybrid-gap-table",  # docs/results.md: likewise
 }
 # `python -m MODULE ...` that stands for `moga ...` (the module runs the same click command).
 MOGA_MODULES = {"moga": [], "moga.train": ["train"]}
