@@ -222,6 +222,17 @@ class HeldMLP(ResidualMLP):
 """
 
 
+@pytest.fixture
+def held_model(tmp_path, monkeypatch) -> Path:
+    """``held_mlp:HeldMLP`` importable here and in the sweeps this test starts; returns its gate's path."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "held_mlp.py").write_text(HELD_MLP)
+    monkeypatch.syspath_prepend(str(models))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(models), os.environ.get("PYTHONPATH")])))
+    return models / "gate"
+
+
 def kill_held_cell(proc: subprocess.Popen, gate: Path, after_steps: int, whole_group: bool) -> None:
     """SIGKILL the sweep once one of its cells has taken ``after_steps`` steps in this run and holds there.
 
@@ -246,14 +257,9 @@ def kill_held_cell(proc: subprocess.Popen, gate: Path, after_steps: int, whole_g
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a safety net only: under load this waits for cells to reach their gates
-def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp_path, monkeypatch):
+def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp_path, held_model):
     # Cells long enough to be killed mid-run (40 steps, checkpoints every 3, a metrics record every step).
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "held_mlp.py").write_text(HELD_MLP)
-    monkeypatch.syspath_prepend(str(models))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(models), os.environ.get("PYTHONPATH")])))
-    gate = models / "gate"
+    gate = held_model
     slow = {**BASE, "model": {**BASE["model"], "name": "held_mlp:HeldMLP"}, "train": {"steps": 40, "batch_size": 32},
             "logging": {"progress": False, "log_every": 1}}
     axes = {**AXES, "optim.lr": {"by": "optim.name", "values": {"moga": [0.1], "adamw": [0.01]}}}
@@ -286,15 +292,10 @@ def test_sigkill_at_random_points_then_restart_equals_an_uninterrupted_sweep(tmp
     assert {cell for cell, _ in stale} <= retaken  # every interrupted cell was taken over, and resumed
 
 
-def test_a_running_sweep_extended_by_another_process_runs_the_new_cells(tmp_path, monkeypatch):
+def test_a_running_sweep_extended_by_another_process_runs_the_new_cells(tmp_path, held_model):
     """`moga sweep` with an extended config beside a sweep still running: the running sweep's workers, which read
     the config before it grew, train the new cells they claim instead of refusing them as foreign."""
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "held_mlp.py").write_text(HELD_MLP)
-    monkeypatch.syspath_prepend(str(models))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(models), os.environ.get("PYTHONPATH")])))
-    gate = models / "gate"
+    gate = held_model
     base = {**BASE, "model": {**BASE["model"], "name": "held_mlp:HeldMLP"}, "train": {"steps": 4, "batch_size": 32}}
     config = lambda depths: {"base": base, "axes": {"optim.lr": [0.1], "model.depth": depths},  # noqa: E731
                              "scale_key": "model.depth"}
@@ -302,7 +303,7 @@ def test_a_running_sweep_extended_by_another_process_runs_the_new_cells(tmp_path
     out = tmp_path / "out"
     gate.write_text("0")  # the first cell holds at its first step, with its worker's config read
     proc = moga_sweep(tmp_path / "a.yaml", out, "--workers", "1")
-    while not any(models.glob("held-*")):
+    while not any(gate.parent.glob("held-*")):
         assert proc.poll() is None, "the sweep ended before its cell reached the gate"
         time.sleep(0.05)
     store = SweepStore(out)
