@@ -115,14 +115,13 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                owner: str | None = None) -> int:
     """Work until no cell is pending or running; returns the number of cells this worker settled."""
     store = SweepStore(sweep_dir)
-    sweep = load_sweep(store)
+    sweep, allowed, branches = _stored_sweep(store)
     if threads is not None and threads != sweep.spec.threads:
         raise SweepError(f"this sweep runs every cell with {sweep.spec.threads} thread(s) (its `threads`), "
                          f"not {threads}: a cell's losses depend on the thread count")
     torch.set_num_threads(sweep.spec.threads)
     owner = owner or new_owner()
     settled = 0
-    allowed, branches = _made_by(sweep, store)
     with _StopRequest() as stop:
         while True:
             if stop.requested or orphaned(parent_pid):
@@ -137,8 +136,7 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
                 continue
             cid, params = claim["id"], claim["params"]
             if canonical(params) not in allowed:  # another `moga sweep` may have extended the config since
-                sweep = load_sweep(store)
-                allowed, branches = _made_by(sweep, store)
+                sweep, allowed, branches = _stored_sweep(store)
             if canonical(params) not in allowed:  # a row the config does not make (the store is data, not config)
                 refused = store.damaged(f"cell {cid} is not a cell of this sweep's config; it was refused")
                 store.finish(cid, owner, Status.FAILED, error=str(refused))
@@ -176,9 +174,11 @@ def run_worker(sweep_dir: str | Path, *, threads: int | None = None, parent_pid:
             settled += 1
 
 
-def _made_by(sweep: Sweep, store: SweepStore) -> tuple[set, Branches]:
-    """The cells ``sweep``'s config makes (nothing else runs), and where they branch from."""
-    return {canonical(c) for c in sweep.cells}, Branches(sweep, store.cell_dir)
+def _stored_sweep(store: SweepStore) -> tuple[Sweep, set, Branches]:
+    """The store's sweep as its config says now, the cells it makes (nothing else runs), and where they branch
+    from."""
+    sweep = load_sweep(store)
+    return sweep, {canonical(c) for c in sweep.cells}, Branches(sweep, store.cell_dir)
 
 
 def cell_result(store: SweepStore, sweep: Sweep, cid: str, params: dict, branches: Branches) -> dict:
