@@ -267,12 +267,13 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
         raise ValueError(f"ablated axes must be lists (or dependent axes of lists) whose first value is the "
                          f"default: {', '.join(plain)}")
     default = {k: _first(axes[k]) for k in choice_keys}
-    seen, follows = {}, {}  # unique by their JSON text: a mapping value (optim.overrides) is no dict key
+    seen = {}  # each variant with what it runs besides, unique by JSON text: a mapping value is no dict key
     for r in rows:
         values = tuple(r.get(k) for k in choice_keys)
-        seen.setdefault(json.dumps(values, sort_keys=True), values)
-        follows.setdefault(json.dumps(values, sort_keys=True), {k: r.get(k) for k in follower_keys})
-    variants = sorted(seen.values(), key=lambda v: (dict(zip(choice_keys, v)) != default, str(v)))  # the default first
+        key = json.dumps(values, sort_keys=True)
+        if key not in seen:
+            seen[key] = values, {k: r.get(k) for k in follower_keys}
+    variants = sorted(seen.values(), key=lambda v: (dict(zip(choice_keys, v[0])) != default, str(v[0])))  # default 1st
     out = []
     for scale in sorted({r[scale_key] for r in rows}):
         if baseline is None:
@@ -285,12 +286,12 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
                 reference.update(lr=ref_lr, lr_on_edge=ref_lr in (min(ref_grid), max(ref_grid)))
         else:
             reference, ref_grid, ref_lr = _tuned_baseline(baseline, scale_key, scale, lr_key, seed_key, metric)
-        for values in variants:
+        for values, follows in variants:
             variant = dict(zip(choice_keys, values))
             grid = seed_losses(rows, {**variant, scale_key: scale}, lr_key, seed_key, metric)
             lr = best_lr(grid)
             entry = {"scale": scale, "variant": variant, "default": variant == default, "lr": lr,
-                     "follows": follows[json.dumps(values, sort_keys=True)],  # what it runs besides: its label
+                     "follows": follows,  # what it runs besides (a preset, a weight decay): its label
                      "lr_on_edge": lr is not None and lr in (min(grid), max(grid)), "reference": reference}
             if lr is None or ref_lr is None:
                 out.append({**entry, "note": "no finite tuned loss"})
