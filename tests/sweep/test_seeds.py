@@ -57,3 +57,20 @@ def test_seeds_are_added_on_every_decisive_rate_and_a_rerun_adds_nothing(tmp_pat
     assert again.exit_code == 0, again.output
     assert len(records(store)) == len(rows) and len(store.events()) == before  # resumed: nothing ran
 
+
+
+def test_a_panel_whose_optimum_sits_on_the_grid_edge_gets_no_seeds_and_the_run_says_so(tmp_path):
+    """Seeds on an edge optimum would pin down a rate the grid has not bracketed: none are added, and the one line
+    names the panel and the edge instead of staying silent."""
+    path = tmp_path / "sweep.yaml"
+    small = {"base": BASE, "axes": {"model.depth": [1, 2], "optim.lr": LRS[:2]}, "scale_key": "model.depth"}
+    path.write_text(yaml.safe_dump(small, sort_keys=False))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sweep", str(path), "-o", str(out), "-q", "-w", "1", "--seeds", "2",
+                                      "--max-seeds", "2", "--by", "optimizer"])
+    assert result.exit_code == 0, result.output
+    rows = records(SweepStore(out))
+    (panel,) = analyze(rows, scale_key="model.depth", group_keys=("optimizer",), max_regret=0.02)
+    assert panel.decision is None and "edge" in panel.verdict_line, panel.verdict_line  # the premise
+    assert {r["seed"] for r in rows} == {0}  # no seeds added
+    assert f"no seeds added to {panel.title}: {panel.verdict_line}" in " ".join(result.output.split())

@@ -88,9 +88,11 @@ def _run_cells(spec: Sweep, out: Path, run, console: Console, seeds: int, max_se
     old = signal.signal(signal.SIGTERM, interrupt)  # as Ctrl-C between runs too (seeds are judged between them)
     try:
         if seeds > 1:
-            spec, counts = run_sweep_until_decided(spec, out, run, by, max_regret, min(seeds, max_seeds),
-                                                   max_seeds)
+            spec, counts, unseeded = run_sweep_until_decided(spec, out, run, by, max_regret, min(seeds, max_seeds),
+                                                             max_seeds)
             console.print(f"seeds: {len(spec.cells)} cells with those added where a decision was close")
+            for line in unseeded:  # an optimum on the grid's edge, or one scale: the grid grows first
+                console.print(line, soft_wrap=True)
         else:
             counts = run(spec)
     except (SweepError, ValueError, RuntimeError, OSError) as e:

@@ -119,7 +119,8 @@ def run_sweep_until_decided(sweep, out, run, group_keys: Sequence[str], max_regr
                             max_seeds: int = 6):
     """:func:`run_until_decided` for a user's own sweep (``moga sweep --seeds``): the panels are ``group_keys``
     (as in ``moga report --by``), one curve per value of the spec's ``scale_key``. The spec's own ``include``
-    cells stay; the added seeds join them."""
+    cells stay; the added seeds join them. Returns (sweep, counts, one line per panel that got no seeds and
+    why), so that a panel left at one seed is said, not silent."""
     scale_key = sweep.spec.scale_key
     own = list(sweep.spec.include)
 
@@ -128,5 +129,8 @@ def run_sweep_until_decided(sweep, out, run, group_keys: Sequence[str], max_regr
         merged = own + [c for c in include if cell_id(c) not in ids]
         return Sweep(sweep.spec.model_copy(update={"include": merged}), sweep.base, sweep.source)
 
-    return run_until_decided(make, out, run, lambda sw: (records(SweepStore(out)), scale_key), group_keys,
-                             max_regret, min_seeds, max_seeds)
+    sweep, counts = run_until_decided(make, out, run, lambda sw: (records(SweepStore(out)), scale_key),
+                                      group_keys, max_regret, min_seeds, max_seeds)
+    summaries = analyze(records(SweepStore(out)), scale_key=scale_key, group_keys=group_keys, max_regret=max_regret)
+    return sweep, counts, [f"no seeds added to {p.title or 'the sweep'}: {p.verdict_line}" for p in summaries
+                           if p.decision is None]
