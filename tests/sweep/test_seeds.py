@@ -58,7 +58,6 @@ def test_seeds_are_added_on_every_decisive_rate_and_a_rerun_adds_nothing(tmp_pat
     assert len(records(store)) == len(rows) and len(store.events()) == before  # resumed: nothing ran
 
 
-
 def test_a_panel_whose_optimum_sits_on_the_grid_edge_gets_no_seeds_and_the_run_says_so(tmp_path):
     """Seeds on an edge optimum would pin down a rate the grid has not bracketed: none are added, and the one line
     names the panel and the edge instead of staying silent."""
