@@ -8,4 +8,6 @@ bash scripts/setup.sh dev
 if [ -z "${MOGA_DATA:-}" ] && [ -d ../shared/data ]; then
     export MOGA_DATA="$(cd ../shared/data && pwd)"
 fi
-exec .venv/bin/python -m pytest "$@"
+# Two pytest workers (pytest-xdist) by default, one per core of the 2-core machines the suite is sized for; each
+# test still runs whole in one worker. MOGA_TEST_WORKERS=0 runs in this process (-n 0), as does an -n of your own.
+exec .venv/bin/python -m pytest -n "${MOGA_TEST_WORKERS:-2}" --dist worksteal "$@"
