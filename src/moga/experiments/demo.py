@@ -96,7 +96,7 @@ def run_demo(out: Path, quick: bool = False, workers: int = 2, data: str | None 
     """The sweep, then seeds on each panel's decisive rates until its verdict is decided (or ``max_seeds``)."""
     spec = demo_sweep(quick, data)
     refuse_symlinks(out / "report")  # a link planted there would take the report out of the directory
-    sweep, counts = run_until_decided(
+    sweep, counts, _ = run_until_decided(
         lambda include: Sweep.from_dict({**spec, "include": include}), out,
         lambda sw: run_sweep(sw, out, workers=workers, progress=progress),
         lambda sw: (records(SweepStore(out)), "model.depth"), ("optimizer", "scaling"), 0.02, min_seeds, max_seeds)

@@ -97,11 +97,13 @@ def stored_include(out, make_sweep) -> list[dict]:
 def run_until_decided(make_sweep, out, run, rows_of, group_keys: Sequence[str], max_regret: float,
                       min_seeds: int = 3, max_seeds: int = 6):
     """Run the grid (``make_sweep(include)`` builds the sweep, ``run(sweep)`` runs it and returns its counts),
-    then add seeds until no panel wants more; returns (sweep, counts). ``rows_of(sweep)`` gives the records
-    and their scale key. Resumable: the seeds already added are read back from the store."""
+    then add seeds until no panel wants more; returns (sweep, counts, the last round's panel summaries, empty
+    when ``max_seeds`` asks for no round). ``rows_of(sweep)`` gives the records and their scale key. Resumable:
+    the seeds already added are read back from the store."""
     include = stored_include(out, make_sweep)
     sweep = make_sweep(include)
     counts = run(sweep)
+    summaries = []
     while max_seeds > 1:
         rows, scale_key = rows_of(sweep)
         summaries = analyze(rows, scale_key=scale_key, group_keys=group_keys, max_regret=max_regret)
@@ -112,7 +114,7 @@ def run_until_decided(make_sweep, out, run, rows_of, group_keys: Sequence[str], 
         include = include + extra
         sweep = make_sweep(include)
         counts = run(sweep)
-    return sweep, counts
+    return sweep, counts, summaries
 
 
 def run_sweep_until_decided(sweep, out, run, group_keys: Sequence[str], max_regret: float, min_seeds: int = 3,
@@ -129,8 +131,7 @@ def run_sweep_until_decided(sweep, out, run, group_keys: Sequence[str], max_regr
         merged = own + [c for c in include if cell_id(c) not in ids]
         return Sweep(sweep.spec.model_copy(update={"include": merged}), sweep.base, sweep.source)
 
-    sweep, counts = run_until_decided(make, out, run, lambda sw: (records(SweepStore(out)), scale_key),
-                                      group_keys, max_regret, min_seeds, max_seeds)
-    summaries = analyze(records(SweepStore(out)), scale_key=scale_key, group_keys=group_keys, max_regret=max_regret)
+    sweep, counts, summaries = run_until_decided(make, out, run, lambda sw: (records(SweepStore(out)), scale_key),
+                                                 group_keys, max_regret, min_seeds, max_seeds)
     return sweep, counts, [f"no seeds added to {p.title or 'the sweep'}: {p.verdict_line}" for p in summaries
                            if p.decision is None]

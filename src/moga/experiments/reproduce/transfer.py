@@ -38,8 +38,9 @@ def _until_decided(rep: Reproduction, out: Path, args: RunArgs, joint: bool = Fa
     keys = rep.sweep(args.scale, args.data).spec.all_scale_keys
     group = [*rep.group_keys, keys[1]] if joint else rep.group_keys
     rows_of = (lambda sw: (_records(rep, sw, out)[0], keys[0])) if joint else (lambda sw: _records(rep, sw, out))
-    return run_until_decided(lambda include: args.sweep(rep, include), out, lambda sw: args.run(sw, out), rows_of,
-                             group, args.max_regret, args.min_seeds, args.max_seeds)
+    sweep, counts, _ = run_until_decided(lambda include: args.sweep(rep, include), out, lambda sw: args.run(sw, out),
+                                         rows_of, group, args.max_regret, args.min_seeds, args.max_seeds)
+    return sweep, counts  # the report says which panels have no verdict
 
 
 def judge_panels(expect: list[dict], verdicts: list[dict]) -> tuple[str, list[str]]:
