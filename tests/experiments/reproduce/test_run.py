@@ -14,6 +14,7 @@ from moga.experiments.reproduce.quality import _tuned_verdict, claim_outcome, re
 from moga.experiments.reproduce.run import judge_panels, recheck, rejudge, reproduce
 from moga.experiments.reproduce.table import END, START, load_outcomes, results_table, update_readme
 from moga.sweep.report import analyze
+from moga.sweep.report.summary import json_safe
 from moga.sweep.store import SweepStore
 
 from ...conftest import dataset_or_skip
@@ -135,10 +136,20 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
                 assert r["time_ratio"] == pytest.approx(r["tokens_ratio"] * step)
     assert any(line.startswith("step times, side by side (3 rounds of 2 steps") for line in result["details"])
     # kept, and read again (not timed again) while the arms and the timing settings are the same
-    from moga.experiments.reproduce.race import STEP_COST, time_steps
+    from moga.experiments.reproduce.race import STEP_COST, contender_arms, time_steps, timing_settings
 
     kept = json.loads((runs / "quick" / "race" / STEP_COST).read_text())
-    assert time_steps(race, "quick", race.sweep("quick", str(shakespeare)), runs / "quick" / "race") == kept
+    assert time_steps(contender_arms(race), timing_settings(race, "quick"), race.sweep("quick", str(shakespeare)),
+                      runs / "quick" / "race") == kept
+    # the same store judged as a research sweep's (python -m moga.experiments.reproduce.race RUN_DIR --rival ...):
+    # the same best settings and token ratios, its arms in its own order, timed again under its own settings
+    from moga.experiments.reproduce.race import store_race
+
+    mine = json_safe(store_race(runs / "quick" / "race", "muon (published)", rounds=2, steps=1)["race"])
+    assert list(mine["step_cost"]["seconds"]) == [*sorted(subjects), "muon (published)"]
+    assert mine["end_of_run"] == stored["end_of_run"]
+    tokens = lambda ratios: {s: {b: r["tokens_ratio"] for b, r in v.items()} for s, v in ratios.items()}  # noqa: E731
+    assert tokens(mine["ratios"]) == tokens(stored["ratios"])  # (the intervals resample the timing's rounds too)
     # each 10-step budget is a cooldown branched from its 20-step run at step 8, its own decay start
     cells = SweepStore(runs / "quick" / "race").cells()
     short = [c for c in cells if c["params"]["train.steps"] == 10]

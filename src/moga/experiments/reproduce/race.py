@@ -41,6 +41,7 @@ from moga.sweep.report.summary import json_safe
 from moga.sweep.seeds import stored_include
 from moga.sweep.spec import arm_label
 from moga.sweep.store import SweepStore
+from moga.sweep.worker import load_sweep
 from moga.verdicts import FAILED, HELD, INCONCLUSIVE, UNDECIDED, worst_state
 
 RESAMPLES = 1000
@@ -181,13 +182,12 @@ def token_trend(ratios: dict) -> str:
     return "no trend across budgets: the token intervals overlap"
 
 
-def judge_race(rep, sweep, out, params_per_model: int | None) -> dict:
-    """Each subject arm against the rival (the last contender) at every budget; the claim's outcome is the first
-    subject's (the claim's), the others' lines are reported beside it. The step times are ``out``'s
+def judge_race(contenders: list[str], sweep, out, params_per_model: int | None) -> dict:
+    """Each subject arm against the rival (the last of ``contenders``) at every budget; the claim's outcome is the
+    first subject's (the claim's), the others' lines are reported beside it. The step times are ``out``'s
     :data:`STEP_COST` (:func:`time_steps`)."""
     store = SweepStore(out)
     timing = json.loads((Path(out) / STEP_COST).read_text())
-    contenders = contender_arms(rep)
     subjects, rival = contenders[:-1], contenders[-1]
     best = best_settings(store, sweep, contenders)
     budgets = sorted({b for _, b in best})
@@ -278,19 +278,22 @@ def _race_runs(rep, out: Path, args: RunArgs):
         include += extra
         sweep = make(include)
         counts = args.run(sweep, out)
-    time_steps(rep, args.scale, sweep, out)
+    time_steps(contender_arms(rep), timing_settings(rep, args.scale), sweep, out)
     return sweep, counts
 
 
-def time_steps(rep, scale: str, sweep, out: Path) -> dict:
+def timing_settings(rep, scale: str) -> dict:
+    """``timing`` in the YAML, the scale's over the reproduction's: {rounds, steps} of the side-by-side timing."""
+    return {**rep.raw.get("timing", {}), **rep.scale(scale).get("timing", {})}
+
+
+def time_steps(arms: list[str], settings: dict, sweep, out: Path) -> dict:
     """Every arm's training step timed side by side (:func:`moga.train.step_cost.step_seconds`, the sweep's
-    threads per cell, ``timing`` in the YAML), once the runs are done, so nothing else of the race runs beside
-    it; kept in ``out``'s :data:`STEP_COST` and read again while its arms and settings are the same."""
+    threads per cell, ``settings``: rounds and steps), once the runs are done, so nothing else of the race runs
+    beside it; kept in ``out``'s :data:`STEP_COST` and read again while its arms and settings are the same."""
     from moga.train.step_cost import step_seconds  # builds trainers: not for --list, which loads this module
 
-    settings = {**rep.raw.get("timing", {}), **rep.scale(scale).get("timing", {})}
     path = Path(out) / STEP_COST
-    arms = contender_arms(rep)
     if path.is_file():
         kept = json.loads(path.read_text())
         if list(kept["seconds"]) == arms and all(kept.get(k) == v for k, v in settings.items()):
@@ -308,10 +311,33 @@ def time_steps(rep, scale: str, sweep, out: Path) -> dict:
 
 
 def _judge_race(rep, sweep, out: Path, max_regret: float) -> dict:
-    result = judge_race(rep, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])  # one model for all
+    result = judge_race(contender_arms(rep), sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])
     (out / "report").mkdir(parents=True, exist_ok=True)
     write_json(out / "report" / "race.json", json_safe(result["race"]))
     return {**result, "report": str(out / "report" / "race.json")}
 
 
 RACE = ClaimKind("race", judged_sweep(_race_runs, _judge_race), seeds_added=best_rate_seeds)
+
+
+def store_race(out: Path, rival: str, rounds: int = 21, steps: int = 10) -> dict:
+    """A research sweep's store (``configs/research/race_64.yaml``: a ``train.steps`` axis under warmup-stable-decay)
+    judged as the race: every other arm in it against ``rival`` (an arm's label, as the race's lines print it),
+    its step times timed side by side first (``rounds`` of ``steps``), as :data:`RACE` judges its own store."""
+    store = SweepStore(out)
+    sweep = load_sweep(store)
+    arms = sorted(set(cell_arms(store, sweep).values()))
+    if rival not in arms:
+        raise SystemExit(f"{out}: no arm {rival!r}; its arms: {', '.join(arms)}")
+    contenders = [a for a in arms if a != rival] + [rival]
+    time_steps(contenders, {"rounds": rounds, "steps": steps}, sweep, Path(out))
+    return judge_race(contenders, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[2] != "--rival":
+        raise SystemExit('usage: python -m moga.experiments.reproduce.race RUN_DIR --rival "muon (published)"')
+    result = store_race(Path(sys.argv[1]), sys.argv[3])
+    print(f"{result['outcome']}: {result['key']}", *result["details"], sep="\n")
