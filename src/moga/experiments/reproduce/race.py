@@ -334,10 +334,12 @@ def store_race(out: Path, rival: str, rounds: int = 21, steps: int = 10) -> dict
     return judge_race(contenders, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])
 
 
+USAGE = 'usage: python -m moga.experiments.reproduce.race RUN_DIR --rival ARM (an arm\'s label: "muon (published)")'
+
 if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 4 or sys.argv[2] != "--rival":
-        raise SystemExit('usage: python -m moga.experiments.reproduce.race RUN_DIR --rival "muon (published)"')
+        raise SystemExit(USAGE)
     result = store_race(Path(sys.argv[1]), sys.argv[3])
     print(f"{result['outcome']}: {result['key']}", *result["details"], sep="\n")
