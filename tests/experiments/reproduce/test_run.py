@@ -141,8 +141,8 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     kept = json.loads((runs / "quick" / "race" / STEP_COST).read_text())
     assert time_steps(contender_arms(race), timing_settings(race, "quick"), race.sweep("quick", str(shakespeare)),
                       runs / "quick" / "race") == kept
-    # the same store judged as a research sweep's (python -m moga.experiments.reproduce.race RUN_DIR --rival ...):
-    # the same best settings and token ratios, its arms in its own order, timed again under its own settings
+    # the same store judged as a research sweep's store is (python -m moga.experiments.reproduce.race judge
+    # RUN_DIR --rival ARM): the same best settings and token ratios, its arms in its own order, timed again
     from moga.experiments.reproduce.race import store_race
 
     mine = json_safe(store_race(runs / "quick" / "race", "muon (published)", rounds=2, steps=1)["race"])

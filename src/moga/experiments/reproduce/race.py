@@ -334,12 +334,13 @@ def store_race(out: Path, rival: str, rounds: int = 21, steps: int = 10) -> dict
     return judge_race(contenders, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])
 
 
-USAGE = 'usage: python -m moga.experiments.reproduce.race RUN_DIR --rival ARM (an arm\'s label: "muon (published)")'
+USAGE = ('usage: python -m moga.experiments.reproduce.race judge RUN_DIR --rival ARM (an arm\'s label, as the '
+         'lines print it: "muon (published)")')
 
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 4 or sys.argv[2] != "--rival":
+    if len(sys.argv) != 5 or sys.argv[1] != "judge" or sys.argv[3] != "--rival":
         raise SystemExit(USAGE)
-    result = store_race(Path(sys.argv[1]), sys.argv[3])
+    result = store_race(Path(sys.argv[2]), sys.argv[4])
     print(f"{result['outcome']}: {result['key']}", *result["details"], sep="\n")
