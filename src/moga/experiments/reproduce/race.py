@@ -182,10 +182,11 @@ def token_trend(ratios: dict) -> str:
     return "no trend across budgets: the token intervals overlap"
 
 
-def judge_race(contenders: list[str], sweep, out, params_per_model: int | None) -> dict:
+def judge_race(contenders: list[str], sweep, out) -> dict:
     """Each subject arm against the rival (the last of ``contenders``) at every budget; the claim's outcome is the
     first subject's (the claim's), the others' lines are reported beside it. The step times are ``out``'s
     :data:`STEP_COST` (:func:`time_steps`)."""
+    params_per_model = cell_cost(sweep.config(sweep.cells[0]))["params"]  # one model for every arm and budget
     store = SweepStore(out)
     timing = json.loads((Path(out) / STEP_COST).read_text())
     subjects, rival = contenders[:-1], contenders[-1]
@@ -311,7 +312,7 @@ def time_steps(arms: list[str], settings: dict, sweep, out: Path) -> dict:
 
 
 def _judge_race(rep, sweep, out: Path, max_regret: float) -> dict:
-    result = judge_race(contender_arms(rep), sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])
+    result = judge_race(contender_arms(rep), sweep, out)
     (out / "report").mkdir(parents=True, exist_ok=True)
     write_json(out / "report" / "race.json", json_safe(result["race"]))
     return {**result, "report": str(out / "report" / "race.json")}
@@ -331,7 +332,7 @@ def store_race(out: Path, rival: str, rounds: int = 21, steps: int = 10) -> dict
         raise SystemExit(f"{out}: no arm {rival!r}; its arms: {', '.join(arms)}")
     contenders = [a for a in arms if a != rival] + [rival]
     time_steps(contenders, {"rounds": rounds, "steps": steps}, sweep, Path(out))
-    return judge_race(contenders, sweep, out, cell_cost(sweep.config(sweep.cells[0]))["params"])
+    return judge_race(contenders, sweep, out)
 
 
 USAGE = ('usage: python -m moga.experiments.reproduce.race judge RUN_DIR --rival ARM (an arm\'s label, as the '
