@@ -63,9 +63,12 @@ def cell_arms(store, sweep) -> dict[str, str]:
     return {c["id"]: labels[(c["params"].get("optim.name"), c["params"].get("optim.preset"))] for c in store.cells()}
 
 
-def best_settings(store, sweep, contenders) -> dict[tuple, dict]:
+def best_settings(store, sweep, contenders, seeded: bool = True) -> dict[tuple, dict]:
     """(arm, budget) -> the setting of lowest seed-mean end-of-run loss: {lr, weight_decay, loss, edge (the lr on
-    its grid's edge), cells: {seed: cell id}, losses: {seed: loss}}."""
+    its grid's edge), cells: {seed: cell id}, losses: {seed: loss}, lower: the settings of fewer seeds that ended
+    lower, (lr, weight decay, mean, seeds)}. ``seeded``: over the settings with the most seeds, as
+    :func:`moga.experiments.reproduce.quality.best_lr` tunes (a one-seed setting's luck is no tuning); the race's
+    loop asks over all, adding seeds wherever the lowest mean is until that is a seeded setting too."""
     budget_key = _budget_key(sweep)
     base_seed = sweep.base.get("seed", 0)
     arms = cell_arms(store, sweep)
@@ -85,9 +88,12 @@ def best_settings(store, sweep, contenders) -> dict[tuple, dict]:
     best = {}
     for key, settings in runs.items():
         mean = {s: float(np.mean(list(v["losses"].values()))) for s, v in settings.items()}
-        lr, wd = min(settings, key=lambda s: (mean[s], s))
+        most = max(len(v["losses"]) for v in settings.values()) if seeded else 1
+        lr, wd = min((s for s, v in settings.items() if len(v["losses"]) >= most), key=lambda s: (mean[s], s))
         lrs = sorted(r for r, w in settings if w == wd)
-        best[key] = {"lr": lr, "weight_decay": wd, "loss": mean[(lr, wd)], "grid": lrs,
+        lower = [(r, w, mean[(r, w)], len(v["losses"])) for (r, w), v in sorted(settings.items())
+                 if mean[(r, w)] < mean[(lr, wd)]]
+        best[key] = {"lr": lr, "weight_decay": wd, "loss": mean[(lr, wd)], "grid": lrs, "lower": lower,
                      "edge": lr in (lrs[0], lrs[-1]), **settings[(lr, wd)]}  # one rate is no tuning
     return best
 
@@ -96,7 +102,7 @@ def race_seeds(store, sweep, contenders, min_seeds: int) -> list[dict]:
     """Seeds to add at each contender's best setting at each budget."""
     out = []
     params = {c["id"]: c["params"] for c in store.cells()}
-    for b in best_settings(store, sweep, contenders).values():
+    for b in best_settings(store, sweep, contenders, seeded=False).values():
         if not math.isfinite(b["loss"]):
             continue
         base = {k: v for k, v in params[next(iter(b["cells"].values()))].items() if k != "seed"}
@@ -202,12 +208,8 @@ def judge_race(contenders: list[str], sweep, out) -> dict:
     lines, results, states = [], {}, []
     data = {arm: {b: list(v["losses"].values()) for (a, b), v in best.items() if a == arm and math.isfinite(v["loss"])}
             for arm in contenders}
-    for arm in contenders:  # the end-of-run losses, every arm at every budget
-        for budget in budgets:
-            b = best.get((arm, budget))
-            lines.append(f"{arm} at {head(budget)}: " + ("no finished run" if b is None else
-                         f"end-of-run loss {b['loss']:.4f} (lr {b['lr']:g}, weight decay {b['weight_decay']:g}, "
-                         f"{len(b['losses'])} seeds{'; best lr on the grid edge' if b['edge'] else ''})"))
+    lines += [f"{arm} at {head(budget)}: {_end_of_run(best.get((arm, budget)))}"  # every arm at every budget
+              for arm in contenders for budget in budgets]
     for subject in subjects:
         if len(data[rival]) < 2 or not data[subject]:
             states.append(UNDECIDED)
@@ -242,6 +244,18 @@ def judge_race(contenders: list[str], sweep, out) -> dict:
     return {"outcome": outcome, "key": key or "no ratio", "details": lines,
             "race": {"end_of_run": table, "ratios": {s: {str(b): r for b, r in v.items()} for s, v in results.items()},
                      "step_cost": timing}}
+
+
+def _end_of_run(b: dict | None) -> str:
+    """An arm's tuned end-of-run loss at one budget, and any setting of fewer seeds that ended lower: seeds there
+    would say whether it is better or lucky."""
+    if b is None:
+        return "no finished run"
+    lower = "; ".join(f"lr {lr:g}, weight decay {wd:g}: {loss:.4f} over {n} seed{'s' * (n > 1)}"
+                      for lr, wd, loss, n in b["lower"])
+    return (f"end-of-run loss {b['loss']:.4f} (lr {b['lr']:g}, weight decay {b['weight_decay']:g}, "
+            f"{len(b['losses'])} seeds{'; best lr on the grid edge' if b['edge'] else ''})"
+            + (f"; fewer seeds ended lower ({lower}): seeds there would decide" if lower else ""))
 
 
 def _ratio_text(v: float, budget: int, budgets: list) -> str:
