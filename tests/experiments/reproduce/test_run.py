@@ -10,7 +10,8 @@ import pytest
 
 
 from moga.experiments.reproduce.catalog import Reproduction, catalog, get, merge
-from moga.experiments.reproduce.quality import _tuned_verdict, claim_outcome, relative_interval, verdict
+from moga.experiments.reproduce.quality import _tuned_verdict, claim_outcome, verdict
+from moga.experiments.reproduce.stats import relative_interval
 from moga.experiments.reproduce.run import judge_panels, recheck, rejudge, reproduce
 from moga.experiments.reproduce.table import END, START, load_outcomes, results_table, update_readme
 from moga.sweep.report import analyze

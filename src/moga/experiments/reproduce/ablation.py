@@ -1,6 +1,6 @@
 """The ablation: each value of a research sweep's ablated axes (``configs/research/ablation_*.yaml``) at its own
 tuned lr against MOGA's default (the first value of each axis), per width, with the quality claim's comparison
-(:mod:`moga.experiments.reproduce.quality`): relative seed-mean loss with a seed-bootstrap interval. Or against
+(:mod:`moga.experiments.reproduce.stats`): relative seed-mean loss with a seed-bootstrap interval. Or against
 the best baseline tuned at each width (``--baseline``, the gap: ``configs/research/gap_*.yaml``), or against a
 named variant of the same sweep tuned at each width (``--against optim.name=muon``: the hybrids' table). Run as
 ``python -m moga.experiments.reproduce.quality ablation RUN_DIR [RUN_DIR ...]``.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moga.experiments.reproduce.quality import (RESAMPLES, _finite, _mean, _pct, _same, best_lr,
-                                                relative_interval, seed_losses)
+from moga.experiments.reproduce.stats import (RESAMPLES, _finite, _mean, _pct, _same, best_lr, relative_interval,
+                                              seed_losses)
 from moga.files import write_json
 from moga.sweep.results import records
 from moga.sweep.store import SweepStore

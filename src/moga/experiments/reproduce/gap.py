@@ -31,8 +31,8 @@ from moga.experiments.reproduce.clock import FILE, _seconds
 from moga.experiments.reproduce.cost import best_rate_seeds
 from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
 from moga.experiments.reproduce.reproduction import CONFIGS, ReproduceError, read_reproduction
-from moga.experiments.reproduce.quality import (LEVEL, RESAMPLES, _finite, _mean, _pct, _same, best_lr,
-                                                relative_interval, seed_losses)
+from moga.experiments.reproduce.stats import (LEVEL, RESAMPLES, _finite, _mean, _pct, _same, best_lr,
+                                              relative_interval, seed_losses)
 from moga.experiments.reproduce.gap_stages import (PRIOR, prior_alignment, prior_cells, read_prior, run_staged,
                                                    seed_store, settings)
 from moga.files import shown_path, write_text

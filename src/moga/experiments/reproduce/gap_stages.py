@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from moga.experiments.reproduce.clock import FILE, _seconds
-from moga.experiments.reproduce.quality import _finite, _same, best_lr, seed_losses
+from moga.experiments.reproduce.stats import _finite, _same, best_lr, seed_losses
 from moga.experiments.reproduce.reproduction import ReproduceError
 from moga.files import shown_path, write_json, write_text
 from moga.sweep.results import records

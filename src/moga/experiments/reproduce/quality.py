@@ -22,11 +22,13 @@ judges a sweep of the subject under another setting against a quality run's tune
 from __future__ import annotations
 
 import math
-import random
 import sys
 from pathlib import Path
 
+from moga.experiments.reproduce.ablation import ablation_report
 from moga.experiments.reproduce.kinds import ClaimKind, grid_once, judged_sweep
+from moga.experiments.reproduce.stats import (RESAMPLES, _finite, _mean, _pct, _same, best_lr, relative_interval,
+                                              seed_losses)
 from moga.files import write_json, write_text
 from moga.sweep.results import records
 from moga.sweep.spec import optimizer_labels
@@ -36,66 +38,10 @@ from moga.train.config_files import parse_value
 from moga.verdicts import FAILED, HELD, INCONCLUSIVE, UNDECIDED, within_goal
 
 GOAL = 0.02
-LEVEL = 0.95
-RESAMPLES = 2000
-
-
-# --- statistics ------------------------------------------------------------------------------------------
-
-def seed_losses(rows: list[dict], where: dict, lr_key: str, seed_key: str, metric: str) -> dict[float, dict]:
-    """{lr: {seed: loss}} of the rows matching every key of ``where`` (a diverged cell's loss is inf)."""
-    out: dict[float, dict] = {}
-    for r in rows:
-        if all(_same(r.get(k), v) for k, v in where.items()):
-            out.setdefault(float(r[lr_key]), {})[r.get(seed_key, 0)] = float(r.get(metric, math.inf))
-    return out
-
-
-def best_lr(by_lr: dict[float, dict], seeds: int | None = None) -> float | None:
-    """The lr of lowest seed mean, over the lrs that have every seed (``seeds``: how many; default the most any
-    lr has); None when none has a finite mean."""
-    if not by_lr:
-        return None
-    seeds = seeds or max(len(s) for s in by_lr.values())
-    means = {lr: _mean(s.values()) for lr, s in by_lr.items() if len(s) >= seeds}
-    finite = {lr: m for lr, m in means.items() if math.isfinite(m)}
-    return min(finite, key=lambda lr: (finite[lr], lr)) if finite else None
-
-
-def relative_interval(subject: list[float], baseline: list[float], *, level: float = LEVEL,
-                      resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
-    """(point, low, high) of ``mean(subject) / mean(baseline) - 1``; the interval resamples the seeds of each
-    side independently (a percentile bootstrap). A diverged seed (inf) makes the resamples that draw it inf."""
-    point = _relative_change(subject, baseline)
-    rng = random.Random(seed)
-    draws = sorted(_relative_change(rng.choices(subject, k=len(subject)), rng.choices(baseline, k=len(baseline)))
-                   for _ in range(resamples))
-    tail = (1 - level) / 2
-    low = draws[max(0, math.floor(tail * resamples))]
-    high = draws[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]
-    return point, low, high
 
 
 def verdict(low: float, high: float, goal: float = GOAL) -> str:
     return within_goal(low, high, goal)
-
-
-def _relative_change(a, b) -> float:
-    ma, mb = _mean(a), _mean(b)
-    if math.isinf(ma):
-        return math.inf
-    return ma / mb - 1 if mb > 0 else math.nan
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else math.nan
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
-        return float(a) == float(b)
-    return a == b
 
 
 # --- the quality claim -----------------------------------------------------------------------------------
@@ -226,25 +172,8 @@ def _where(c: dict, panel_keys=()) -> str:
     return ", ".join(str(p).rsplit(":", 1)[-1] for p in parts)
 
 
-def _pct(x: float | None) -> str:
-    """A signed relative change, "+1.2%"; "n/a" for NaN or None (how a stored outcome keeps NaN)."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    return "inf" if math.isinf(x) else f"{100 * x:+.1f}%"
-
-
 def _order(v):
     return (0, float(v)) if isinstance(v, (int, float)) else (1, str(v))
-
-
-def _finite(value):
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
 
 
 def transfer_report(run_dir: Path, goal: float = GOAL) -> str:
@@ -295,8 +224,6 @@ USAGE = ("usage: python -m moga.experiments.reproduce.quality ablation RUN_DIR [
          " [--against KEY=VALUE ...] | transfer RUN_DIR | versus RUN_DIR --baseline QUALITY_RUN_DIR")
 
 if __name__ == "__main__":
-    from moga.experiments.reproduce.ablation import ablation_report  # which imports this module
-
     args, baselines, against = sys.argv[1:], [], {}
     if {"-h", "--help"} & set(args):  # not a run directory
         print(USAGE)

@@ -67,7 +67,7 @@ def best_settings(store, sweep, contenders, seeded: bool = True) -> dict[tuple, 
     """(arm, budget) -> the setting of lowest seed-mean end-of-run loss: {lr, weight_decay, loss, edge (the lr on
     its grid's edge), cells: {seed: cell id}, losses: {seed: loss}, lower: the settings of fewer seeds that ended
     lower, (lr, weight decay, mean, seeds)}. ``seeded``: over the settings with the most seeds, as
-    :func:`moga.experiments.reproduce.quality.best_lr` tunes (a one-seed setting's luck is no tuning); the race's
+    :func:`moga.experiments.reproduce.stats.best_lr` tunes (a one-seed setting's luck is no tuning); the race's
     loop asks over all, adding seeds wherever the lowest mean is until that is a seeded setting too."""
     budget_key = _budget_key(sweep)
     base_seed = sweep.base.get("seed", 0)
