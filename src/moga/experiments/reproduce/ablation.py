@@ -55,9 +55,8 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
             ref_grid = seed_losses(rows, {**default, scale_key: scale}, lr_key, seed_key, metric)
             ref_lr = best_lr(ref_grid)
         elif baseline is None:
-            matching = [{**dict(zip(choice_keys, values)), **follows} for values, follows in variants
-                        if all(_same({**dict(zip(choice_keys, values)), **follows}.get(k), v)
-                               for k, v in against.items())]
+            named = ({**dict(zip(choice_keys, values)), **follows} for values, follows in variants)
+            matching = [v for v in named if all(_same(v.get(k), value) for k, value in against.items())]
             reference, ref_grid, ref_lr = _tuned_variant(rows, matching, against, choice_keys, scale_key, scale,
                                                          lr_key, seed_key, metric)
         else:
