@@ -50,21 +50,20 @@ def ablation(rows: list[dict], axes: dict[str, list], *, scale_key: str, lr_key:
                              f"choices: {', '.join(choice_keys + follower_keys)}")
     out = []
     for scale in sorted({r[scale_key] for r in rows}):
+        tuned = []  # (variant, what it runs besides, its {lr: {seed: loss}}, its best lr) at this width
+        for values, follows in variants:
+            variant = dict(zip(choice_keys, values))
+            grid = seed_losses(rows, {**variant, scale_key: scale}, lr_key, seed_key, metric)
+            tuned.append((variant, follows, grid, best_lr(grid)))
         if baseline is None and against is None:
             reference = {"name": "default"}
             ref_grid = seed_losses(rows, {**default, scale_key: scale}, lr_key, seed_key, metric)
             ref_lr = best_lr(ref_grid)
         elif baseline is None:
-            named = ({**dict(zip(choice_keys, values)), **follows} for values, follows in variants)
-            matching = [v for v in named if all(_same(v.get(k), value) for k, value in against.items())]
-            reference, ref_grid, ref_lr = _tuned_variant(rows, matching, against, choice_keys, scale_key, scale,
-                                                         lr_key, seed_key, metric)
+            reference, ref_grid, ref_lr = _tuned_variant(tuned, against, choice_keys)
         else:
             reference, ref_grid, ref_lr = _tuned_baseline(baseline, scale_key, scale, lr_key, seed_key, metric)
-        for values, follows in variants:
-            variant = dict(zip(choice_keys, values))
-            grid = seed_losses(rows, {**variant, scale_key: scale}, lr_key, seed_key, metric)
-            lr = best_lr(grid)
+        for variant, follows, grid, lr in tuned:
             entry = {"scale": scale, "variant": variant, "default": variant == default, "lr": lr,
                      "follows": follows,  # what it runs besides (a preset, a weight decay): its label
                      "lr_on_edge": lr is not None and lr in (min(grid), max(grid)), "reference": reference}
@@ -96,24 +95,27 @@ def _follows(axis) -> bool:
         isinstance(v, list) and len(v) == 1 for v in axis.get("values", {}).values())
 
 
-def _tuned_variant(rows: list[dict], matching: list[dict], against: dict, choice_keys: list[str], scale_key: str,
-                   scale, lr_key: str, seed_key: str, metric: str):
-    """:func:`_tuned_baseline` over the variants that match ``against``: the one of lowest seed mean at its own
-    best lr. Its name is ``against``'s, with the choices that set it apart when several variants match (Muon
-    with weight decay 0 and 0.1 is two variants; pooling them would let one's seed overwrite the other's)."""
-    best = None
-    for variant in matching:
-        grid = seed_losses(rows, {**{k: variant[k] for k in choice_keys}, scale_key: scale}, lr_key, seed_key,
-                           metric)
-        lr = best_lr(grid)
-        if lr is not None and (best is None or _mean(grid[lr].values()) < _mean(best[1][best[2]].values())):
-            best = (variant, grid, lr)
+def _lowest(candidates):
+    """The (label, grid, lr) of lowest seed mean at its own best lr (the first of equals); None when none has a
+    finite one."""
+    found = [c for c in candidates if c[2] is not None]
+    return min(found, key=lambda c: _mean(c[1][c[2]].values())) if found else None
+
+
+def _tuned_variant(tuned: list[tuple], against: dict, choice_keys: list[str]):
+    """({name, lr, lr_on_edge}, its grid, its lr) of the variant matching ``against`` (over the variants' own
+    values and what they run besides) of lowest seed mean at its own best lr. Its name is ``against``'s, with the
+    choices that set it apart when several variants match (Muon with weight decay 0 and 0.1 is two variants;
+    pooling them would let one's seed overwrite the other's)."""
+    named = [({**variant, **follows}, grid, lr) for variant, follows, grid, lr in tuned]
+    matching = [m for m in named if all(_same(m[0].get(k), value) for k, value in against.items())]
     name = ", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in against.items())
+    best = _lowest(matching)
     if best is None:
         return {"name": name}, {}, None
     variant, grid, lr = best
     apart = [k for k in choice_keys
-             if k not in against and len({json.dumps(m[k], sort_keys=True) for m in matching}) > 1]
+             if k not in against and len({json.dumps(m[0][k], sort_keys=True) for m in matching}) > 1]
     if apart:
         name += " (" + ", ".join(f"{k.split('.', 1)[-1]}={variant[k]}" for k in apart) + ")"
     return {"name": name, "lr": lr, "lr_on_edge": lr in (min(grid), max(grid))}, grid, lr
@@ -122,13 +124,14 @@ def _tuned_variant(rows: list[dict], matching: list[dict], against: dict, choice
 def _tuned_baseline(rows: list[dict], scale_key: str, scale, lr_key: str, seed_key: str, metric: str):
     """({name, lr, lr_on_edge}, its {lr: {seed: loss}}, its lr) of the optimizer of lowest seed mean at its own
     best lr at this width; the lr is None when no optimizer has a finite loss there."""
-    best = None
-    for name in sorted({r.get("optim.name") for r in rows if _same(r.get(scale_key), scale)}, key=str):
-        grid = seed_losses(rows, {"optim.name": name, scale_key: scale}, lr_key, seed_key, metric)
-        lr = best_lr(grid)
-        if lr is not None and (best is None or _mean(grid[lr].values()) < _mean(best[1][best[2]].values())):
-            best = ({"name": name, "lr": lr, "lr_on_edge": lr in (min(grid), max(grid))}, grid, lr)
-    return best or ({"name": "baseline"}, {}, None)
+    names = sorted({r.get("optim.name") for r in rows if _same(r.get(scale_key), scale)}, key=str)
+    grids = [(name, seed_losses(rows, {"optim.name": name, scale_key: scale}, lr_key, seed_key, metric))
+             for name in names]
+    best = _lowest([(name, grid, best_lr(grid)) for name, grid in grids])
+    if best is None:
+        return {"name": "baseline"}, {}, None
+    name, grid, lr = best
+    return {"name": name, "lr": lr, "lr_on_edge": lr in (min(grid), max(grid))}, grid, lr
 
 
 def ablation_table(entries: list[dict]) -> str:
