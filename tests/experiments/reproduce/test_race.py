@@ -35,3 +35,20 @@ def test_the_judge_tunes_over_seeded_settings_and_names_a_luckier_one_seed_setti
     (unseeded,) = best_settings(store, sweep, ["moga (muoneq preset)"], seeded=False).values()
     assert unseeded["lr"] == 0.01 and not unseeded["lower"]
     assert sorted(c["seed"] for c in race_seeds(store, sweep, ["moga (muoneq preset)"], 3)) == [1, 2]
+
+
+def test_a_diverged_seed_rules_out_its_setting_and_a_budget_that_diverged_everywhere_is_still_named(tmp_path):
+    """A seeded setting with one diverged seed is not the best, however low its other seeds; where every setting
+    diverged the judge still names one, with an infinite loss, so that its line says so instead of vanishing."""
+    store, sweep = race_store(tmp_path)
+    (best,) = best_settings(store, sweep, ["moga (muoneq preset)"]).values()
+    assert best["lr"] == 0.02
+    with store._write() as con:  # seed 2 of the seeded setting diverged
+        con.execute("UPDATE cells SET status = 'diverged', result = ? WHERE params LIKE '%\"seed\": 2%'",
+                    ('{"final_train_loss": Infinity}',))
+    (best,) = best_settings(store, sweep, ["moga (muoneq preset)"], seeded=False).values()
+    assert best["lr"] == 0.01  # the one setting left whose every seed finished
+    store_losses(tmp_path / "all", sweep, lambda p: float("inf"))
+    (best,) = best_settings(SweepStore(tmp_path / "all"), sweep, ["moga (muoneq preset)"]).values()
+    assert best["lr"] == 0.02 and best["loss"] == float("inf")  # of the most seeds, the lowest rate
+    assert _end_of_run(best) == "diverged at every setting of 3 seeds (the first: lr 0.02, weight decay 0)"

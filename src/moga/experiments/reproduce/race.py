@@ -35,6 +35,7 @@ import numpy as np
 
 from moga.experiments.reproduce.cost import best_rate_seeds, cell_cost
 from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
+from moga.experiments.reproduce.stats import best_lr
 from moga.files import write_json
 from moga.sweep.report.decision import bracketed
 from moga.sweep.report.summary import json_safe
@@ -66,8 +67,8 @@ def cell_arms(store, sweep) -> dict[str, str]:
 def best_settings(store, sweep, contenders, seeded: bool = True) -> dict[tuple, dict]:
     """(arm, budget) -> the setting of lowest seed-mean end-of-run loss: {lr, weight_decay, loss, edge (the lr on
     its grid's edge), cells: {seed: cell id}, losses: {seed: loss}, lower: the settings of fewer seeds that ended
-    lower, (lr, weight decay, mean, seeds)}. ``seeded``: over the settings with the most seeds, as
-    :func:`moga.experiments.reproduce.stats.best_lr` tunes (a one-seed setting's luck is no tuning); the race's
+    lower, (lr, weight decay, mean, seeds)}. ``seeded``: over the settings with the most seeds, through
+    :func:`moga.experiments.reproduce.stats.best_lr` (a one-seed setting's luck is no tuning); the race's
     loop asks over all, adding seeds wherever the lowest mean is until that is a seeded setting too."""
     budget_key = _budget_key(sweep)
     base_seed = sweep.base.get("seed", 0)
@@ -89,7 +90,9 @@ def best_settings(store, sweep, contenders, seeded: bool = True) -> dict[tuple, 
     for key, settings in runs.items():
         mean = {s: float(np.mean(list(v["losses"].values()))) for s, v in settings.items()}
         most = max(len(v["losses"]) for v in settings.values()) if seeded else 1
-        lr, wd = min((s for s, v in settings.items() if len(v["losses"]) >= most), key=lambda s: (mean[s], s))
+        # every seeded setting diverged: the race still names one, so that its line says so
+        lr, wd = (best_lr({s: v["losses"] for s, v in settings.items()}, most)
+                  or min(s for s, v in settings.items() if len(v["losses"]) >= most))
         lrs = sorted(r for r, w in settings if w == wd)
         lower = [(r, w, mean[(r, w)], len(v["losses"])) for (r, w), v in sorted(settings.items())
                  if mean[(r, w)] < mean[(lr, wd)]]
@@ -253,8 +256,12 @@ def _end_of_run(b: dict | None) -> str:
         return "no finished run"
     lower = "; ".join(f"lr {lr:g}, weight decay {wd:g}: {loss:.4f} over {n} seed{'s' * (n > 1)}"
                       for lr, wd, loss, n in b["lower"])
+    seeds = len(b["losses"])
+    if not math.isfinite(b["loss"]):  # every setting of the most seeds diverged on one at least
+        return (f"diverged at every setting of {seeds} seed{'s' * (seeds > 1)} (the first: lr {b['lr']:g}, "
+                f"weight decay {b['weight_decay']:g})" + (f"; fewer seeds finished ({lower})" if lower else ""))
     return (f"end-of-run loss {b['loss']:.4f} (lr {b['lr']:g}, weight decay {b['weight_decay']:g}, "
-            f"{len(b['losses'])} seeds{'; best lr on the grid edge' if b['edge'] else ''})"
+            f"{seeds} seeds{'; best lr on the grid edge' if b['edge'] else ''})"
             + (f"; fewer seeds ended lower ({lower}): seeds there would decide" if lower else ""))
 
 

@@ -21,7 +21,7 @@ def seed_losses(rows: list[dict], where: dict, lr_key: str, seed_key: str, metri
 
 def best_lr(by_lr: dict[float, dict], seeds: int | None = None) -> float | None:
     """The lr of lowest seed mean, over the lrs that have every seed (``seeds``: how many; default the most any
-    lr has); None when none has a finite mean."""
+    lr has); None when none has a finite mean. Any ordered key serves as the lr (the race's (lr, weight decay))."""
     if not by_lr:
         return None
     seeds = seeds or max(len(s) for s in by_lr.values())
