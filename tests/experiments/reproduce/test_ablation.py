@@ -10,7 +10,7 @@ import pytest
 
 from moga.experiments.reproduce import ablation
 from moga.sweep.spec import Sweep
-from tests.experiments.reproduce.test_quality import LRS, SEEDS, parabola, store_losses, sweep_dict
+from tests.experiments.reproduce.synthetic import LRS, SEEDS, parabola, store_losses, sweep_dict
 
 
 def test_the_ablation_compares_each_value_at_its_own_tuned_lr(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from moga.experiments.reproduce.race import _end_of_run, best_settings, race_seeds
 from moga.sweep.spec import Sweep
 from moga.sweep.store import SweepStore
-from tests.experiments.reproduce.test_quality import store_losses
+from tests.experiments.reproduce.synthetic import store_losses
 
 LOSS = {0.01: 1.50, 0.02: 1.49, 0.04: 1.60}  # seed 0's; seeds 1 and 2 ran at 0.02 and ended higher
 
