@@ -146,7 +146,7 @@ def test_joint_and_race_end_to_end_and_the_readme_table(tmp_path):
     # RUN_DIR --rival ARM): the same best settings and token ratios, its arms in its own order, timed again
     from moga.experiments.reproduce.race import store_race
 
-    mine = json_safe(store_race(runs / "quick" / "race", "muon (published)", rounds=2, steps=1)["race"])
+    mine = json_safe(store_race(runs / "quick" / "race", "muon (published)", {"rounds": 2, "steps": 1})["race"])
     assert list(mine["step_cost"]["seconds"]) == [*sorted(subjects), "muon (published)"]
     assert mine["end_of_run"] == stored["end_of_run"]
     tokens = lambda ratios: {s: {b: r["tokens_ratio"] for b, r in v.items()} for s, v in ratios.items()}  # noqa: E731

@@ -35,6 +35,7 @@ import numpy as np
 
 from moga.experiments.reproduce.cost import best_rate_seeds, cell_cost
 from moga.experiments.reproduce.kinds import ClaimKind, RunArgs, judged_sweep
+from moga.experiments.reproduce.reproduction import CONFIGS, read_reproduction
 from moga.experiments.reproduce.stats import best_lr
 from moga.files import write_json
 from moga.sweep.report.decision import bracketed
@@ -342,17 +343,19 @@ def _judge_race(rep, sweep, out: Path, max_regret: float) -> dict:
 RACE = ClaimKind("race", judged_sweep(_race_runs, _judge_race), seeds_added=best_rate_seeds)
 
 
-def store_race(out: Path, rival: str, rounds: int = 21, steps: int = 10) -> dict:
+def store_race(out: Path, rival: str, timing: dict | None = None) -> dict:
     """A research sweep's store (``configs/research/race_64.yaml``: a ``train.steps`` axis under warmup-stable-decay)
     judged as the race: every other arm in it against ``rival`` (an arm's label, as the race's lines print it),
-    its step times timed side by side first (``rounds`` of ``steps``), as :data:`RACE` judges its own store."""
+    its step times timed side by side first (``timing``: {rounds, steps}, by default the race reproduction's), as
+    :data:`RACE` judges its own store."""
+    timing = timing or read_reproduction(CONFIGS / "race.yaml").raw["timing"]
     store = SweepStore(out)
     sweep = load_sweep(store)
     arms = sorted(set(cell_arms(store, sweep).values()))
     if rival not in arms:
         raise SystemExit(f"{out}: no arm {rival!r}; its arms: {', '.join(arms)}")
     contenders = [a for a in arms if a != rival] + [rival]
-    time_steps(contenders, {"rounds": rounds, "steps": steps}, sweep, Path(out))
+    time_steps(contenders, timing, sweep, Path(out))
     return judge_race(contenders, sweep, out)
 
 
