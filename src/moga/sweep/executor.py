@@ -53,8 +53,8 @@ def interrupt(signum, frame):
 
 def interrupted_line(out) -> str:
     """What a command that ran a sweep says when Ctrl-C or SIGTERM stopped it."""
-    return (f"interrupted: this command's workers checkpointed and handed back any cell they were running; run the same "
-            f"command to resume ({out})")
+    return (f"interrupted: this command's workers checkpointed and handed back any cell they were running; "
+            f"run the same command to resume ({out})")
 
 
 @contextlib.contextmanager

@@ -91,7 +91,7 @@ def best_settings(store, sweep, contenders, seeded: bool = True) -> dict[tuple, 
     for key, settings in runs.items():
         mean = {s: float(np.mean(list(v["losses"].values()))) for s, v in settings.items()}
         most = max(len(v["losses"]) for v in settings.values()) if seeded else 1
-        # every seeded setting diverged: the race still names one, so that its line says so
+        # None where every seeded setting diverged: the race still names one, so that its line says so
         lr, wd = (best_lr({s: v["losses"] for s, v in settings.items()}, most)
                   or min(s for s, v in settings.items() if len(v["losses"]) >= most))
         lrs = sorted(r for r, w in settings if w == wd)
