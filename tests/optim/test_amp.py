@@ -8,7 +8,7 @@ from torch import nn
 from moga.kernels import FusedCalls
 from moga.optim import MOGA, ScaledAdamW
 from tests.fake_cuda import trace
-from tests.optim.test_adamw_scaled import TinyLM, mup_adam_groups
+from tests.optim.mup_reference import TinyLM, mup_adam_groups
 
 
 @pytest.mark.parametrize("clip", [False, True])
